@@ -1,0 +1,70 @@
+# gpulab.vllm: lab, demo, tests and benchmarks. Run as root on a Debian 12 machine.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+
+# Lab parameters (see lab/README.md)
+NODES ?= 2
+FABRIC_SUBNET ?= 10.220.0.0/24
+MGMT_SUBNET ?= 10.210.0.0/24
+FABRIC_IF ?= enp1s0f0np0
+LAB_IMAGES ?= ray vllm
+export NODES FABRIC_SUBNET MGMT_SUBNET FABRIC_IF LAB_IMAGES
+
+DEBIAN_PACKAGES := docker.io iptables debootstrap docker-registry openssh-server iproute2 python3-requests
+
+.PHONY: help deps venv lab-up lab-down lab-status demo test bench collection clean
+
+help:
+	@echo "make demo        set everything up and deploy the tiny model across the local lab"
+	@echo "make test        lint, sanity, unit tests and every molecule scenario"
+	@echo "make lab-up      bring up the lab (NODES, FABRIC_SUBNET, MGMT_SUBNET, FABRIC_IF)"
+	@echo "make lab-down    remove the lab"
+	@echo "make bench       benchmarks, results in bench/results/"
+
+deps:
+	@missing=""; for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "deps: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
+	@lab/ensure-docker.sh
+
+$(BIN)/.installed: requirements.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+# Playbooks run from this checkout resolve gpulab.vllm.* through this link.
+build/collections/ansible_collections/gpulab/vllm:
+	@mkdir -p build/collections/ansible_collections/gpulab
+	@ln -sfn ../../../.. $@
+
+venv: $(BIN)/.installed build/collections/ansible_collections/gpulab/vllm
+
+lab-up: deps venv
+	$(BIN)/python lab/labctl.py up
+
+lab-down:
+	@$(PYTHON) lab/labctl.py down
+
+lab-status:
+	@$(PYTHON) lab/labctl.py status
+
+demo: lab-up
+	$(BIN)/ansible-playbook -i inventories/local_lab playbooks/deploy_qwen35.yml
+
+test: deps venv
+	$(BIN)/python tests/run_stages.py
+
+bench: lab-up
+	$(BIN)/python bench/run.py
+
+collection: venv
+	$(BIN)/ansible-galaxy collection build --force --output-path build/dist .
+
+clean: lab-down
+	rm -rf build $(VENV)
