@@ -16,7 +16,7 @@ FABRIC_IF ?= enp1s0f0np0
 LAB_IMAGES ?= ray vllm
 export NODES FABRIC_SUBNET MGMT_SUBNET FABRIC_IF LAB_IMAGES
 
-DEBIAN_PACKAGES := docker.io iptables debootstrap docker-registry openssh-server iproute2 python3-requests
+DEBIAN_PACKAGES := docker.io iptables iputils-ping debootstrap docker-registry openssh-server iproute2 python3-requests
 
 .PHONY: help deps venv lab-up lab-down lab-status demo test bench collection clean
 

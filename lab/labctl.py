@@ -354,7 +354,10 @@ def start_node_sshd(cfg: LabConfig, i: int) -> None:
     cmd = [
         "nsenter", f"--net={netns_path(name)}", "--",
         "unshare", "--mount", "--uts", "--propagation", "private", "--",
-        "sh", "-c", 'hostname "$0" && mount --bind "$1" /run && mkdir -p /run/sshd && exec /usr/sbin/sshd -f "$2"',
+        "sh", "-c",
+        # A sysfs mounted here shows the node's own interfaces, so gathered facts are the node's.
+        'hostname "$0" && mount -t sysfs sysfs /sys && mount --bind "$1" /run && mkdir -p /run/sshd'
+        ' && exec /usr/sbin/sshd -f "$2"',
         name, str(d["run"]), "/run/sshd_config",
     ]
     run(cmd)
@@ -479,7 +482,7 @@ def write_inventory(cfg: LabConfig) -> None:
                 "ansible_ssh_private_key_file": str(key),
                 "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
                 "ansible_python_interpreter": "/usr/bin/python3",
-                "gpulab_vllm_fabric_subnet": cfg.fabric_subnet,
+                "fabric_subnet": cfg.fabric_subnet,
                 "lab_fabric_if": cfg.fabric_if,
                 "lab_mgmt_subnet": cfg.mgmt_subnet,
                 "lab_registry": cfg.registry,

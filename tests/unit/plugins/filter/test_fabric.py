@@ -1,0 +1,84 @@
+"""The fabric filters on network facts gathered from a real lab node."""
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpulab.vllm.plugins.filter.fabric import cidr_problem, fabric_env, fabric_interface
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "facts"
+
+
+@pytest.fixture()
+def node1():
+    # `ansible node1 -m setup -a gather_subset=!all,!min,network` on the two-node lab.
+    return json.loads((FIXTURES / "lab_node1_network.json").read_text())
+
+
+def test_picks_the_fabric_interface_not_the_management_one(node1):
+    assert fabric_interface(node1, "10.220.0.0/24", "node1") == {
+        "interface": "enp1s0f0np0",
+        "address": "10.220.0.11",
+        "prefix": 24,
+    }
+    assert fabric_interface(node1, "10.210.0.0/24", "node1")["interface"] == "eth0"
+
+
+def test_no_address_on_the_subnet_names_host_and_addresses(node1):
+    with pytest.raises(AnsibleFilterError) as err:
+        fabric_interface(node1, "192.168.200.0/24", "node1")
+    message = str(err.value)
+    assert "node1 has no address on the fabric subnet 192.168.200.0/24" in message
+    assert "enp1s0f0np0=10.220.0.11" in message and "eth0=10.210.0.11" in message
+
+
+def test_secondary_addresses_count(node1):
+    facts = copy.deepcopy(node1)
+    facts["eth0"]["ipv4_secondaries"] = [{"address": "192.168.200.12", "netmask": "255.255.255.0"}]
+    assert fabric_interface(facts, "192.168.200.0/24")["interface"] == "eth0"
+
+
+def test_two_interfaces_on_the_subnet_is_an_error(node1):
+    with pytest.raises(AnsibleFilterError, match="several interfaces on the fabric subnet"):
+        fabric_interface(node1, "10.0.0.0/8", "node1")
+
+
+def test_pinned_fabric_address(node1):
+    assert fabric_interface(node1, "10.220.0.0/24", "node1", "10.220.0.11")["interface"] == "enp1s0f0np0"
+    with pytest.raises(AnsibleFilterError, match="fabric_address 10.221.0.11 is outside the fabric subnet"):
+        fabric_interface(node1, "10.220.0.0/24", "node1", "10.221.0.11")
+    with pytest.raises(AnsibleFilterError, match="no interface with its fabric_address 10.220.0.99"):
+        fabric_interface(node1, "10.220.0.0/24", "node1", "10.220.0.99")
+
+
+def test_bad_subnet():
+    assert cidr_problem("10.220.0.0/24") == ""
+    assert "CIDR" in cidr_problem("10.220.0.0")
+    assert cidr_problem("10.220.0.0/33")
+    assert "CIDR" in cidr_problem(None)
+
+
+def test_env_without_rdma_uses_the_interface_everywhere():
+    env = fabric_env({"interface": "enp1s0f0np0", "address": "10.220.0.12"}, "10.220.0.11")
+    assert env["VLLM_HOST_IP"] == "10.220.0.12"
+    assert env["MASTER_ADDR"] == "10.220.0.11"
+    for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include", "UCX_NET_DEVICES"):
+        assert env[key] == "enp1s0f0np0", key
+    assert "NCCL_IB_HCA" not in env
+    # Gloo does not understand NCCL's exclusion syntax: never hand it "^lo".
+    assert not any(value.startswith("^") for value in env.values())
+
+
+def test_env_with_rdma_devices_and_extra():
+    env = fabric_env(
+        {"interface": "enp1s0f0np0", "address": "192.168.200.12"},
+        "192.168.200.12",
+        ["mlx5_1", "mlx5_0"],
+        {"NCCL_DEBUG": "WARN", "NCCL_IB_GID_INDEX": 3},
+    )
+    assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
+    assert env["NCCL_IB_GID_INDEX"] == "3" and env["NCCL_DEBUG"] == "WARN"
