@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Run every test stage of gpulab.vllm in order and print one summary line per stage.
+
+Stages: lint (ansible-lint, production profile), sanity (ansible-test on an
+ansible_collections/gpulab/vllm tree), unit (pytest on recorded fixtures),
+collection (build the tarball and resolve the modules by FQCN from an install of it),
+then every molecule scenario (each creates and destroys the lab itself).
+
+    tests/run_stages.py                 every stage
+    tests/run_stages.py unit lint       only these stages
+    STAGES="unit molecule:default" ...  the same, from the environment
+
+Exit status is 0 only when every stage that ran passed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = ROOT / ".venv" / "bin"
+SCENARIOS = ["default", "e2e", "node_lost", "heal"]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
+    env["ANSIBLE_CONFIG"] = str(ROOT / "ansible.cfg")
+    env.setdefault("ANSIBLE_FORCE_COLOR", "0")
+    env.setdefault("PY_COLORS", "0")
+    return env
+
+
+def stage_commands() -> dict[str, list[list[str]]]:
+    stages: dict[str, list[list[str]]] = {
+        "lint": [[str(VENV_BIN / "ansible-lint"), "--offline"]],
+        "sanity": [["bash", str(ROOT / "tests" / "sanity.sh")]],
+        "unit": [[str(VENV_BIN / "python"), "-m", "pytest", "-q", "tests/unit"]],
+        "collection": [[str(VENV_BIN / "python"), "-m", "pytest", "-q", "tests/collection"]],
+    }
+    for name in SCENARIOS:
+        stages[f"molecule:{name}"] = [[str(VENV_BIN / "molecule"), "test", "-s", name]]
+    return stages
+
+
+def main(argv: list[str]) -> int:
+    stages = stage_commands()
+    wanted = argv or os.environ.get("STAGES", "").split() or list(stages)
+    unknown = [name for name in wanted if name not in stages]
+    if unknown:
+        print(f"run_stages: unknown stage(s) {unknown}; choose from {list(stages)}", file=sys.stderr)
+        return 2
+    results = []
+    for name in wanted:
+        print(f"\n===== stage {name} =====", flush=True)
+        started = time.monotonic()
+        status = 0
+        for cmd in stages[name]:
+            status = subprocess.call(cmd, cwd=ROOT, env=_env())
+            if status != 0:
+                break
+        elapsed = time.monotonic() - started
+        results.append((name, status, elapsed))
+        print(f"===== stage {name}: {'PASSED' if status == 0 else f'FAILED (exit {status})'} in {elapsed:.0f}s =====", flush=True)
+    print("\nSummary")
+    for name, status, elapsed in results:
+        print(f"  {name:<20} {'passed' if status == 0 else 'FAILED':<7} {elapsed:7.0f}s")
+    failed = sum(1 for _, status, _ in results if status != 0)
+    print(f"stages: {len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
