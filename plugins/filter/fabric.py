@@ -61,6 +61,12 @@ def fabric_interface(facts: dict, subnet: str, host: str = "this host", expected
             f"give each host one fabric interface or narrow the subnet"
         )
     iface, addr = inside[0]
+    info = facts.get(iface.replace("-", "_").replace(".", "_").replace(":", "_"), {}) or {}
+    if info.get("active") is False:
+        raise AnsibleFilterError(
+            f"{host}: the fabric interface {iface} ({addr}) is down; bring it up (ip link set {iface} up) "
+            f"and check its cable and switch port"
+        )
     return {"interface": iface, "address": addr, "prefix": network.prefixlen}
 
 
