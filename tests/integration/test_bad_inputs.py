@@ -1,0 +1,266 @@
+"""Every bad input fails before any node is changed, with one line: what, where, how to fix.
+
+Runs the real deploy playbook against the lab (make lab-up) with nothing deployed, one bad
+input at a time, and compares each node's containers, firewall and token file before and after.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.lab
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / ".venv" / "bin"
+LAB_INVENTORY = ROOT / "inventories" / "local_lab"
+RUN = Path("/run/gpulab-lab")
+TOKEN_FILE = Path("/etc/gpulab-vllm/secrets/ray_token")
+
+
+def _env() -> dict:
+    return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
+                PATH=f"{BIN}:{os.environ['PATH']}")
+
+
+def _lab_hosts() -> dict:
+    path = LAB_INVENTORY / "hosts.yml"
+    if not path.exists():
+        pytest.fail("the lab is not up: run `make lab-up` first (inventories/local_lab/hosts.yml is missing)")
+    return json.loads(path.read_text().split("\n", 1)[1])
+
+
+def _node_docker(node: str, *args: str) -> str:
+    sock = RUN / node / "run" / "docker.sock"
+    return subprocess.run(["docker", "-H", f"unix://{sock}", *args], capture_output=True, text=True, check=True).stdout
+
+
+def _in_node(node: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "netns", "exec", f"gpl-node{node[4:]}", *args], capture_output=True, text=True)
+
+
+def snapshot(nodes: list[str]) -> dict:
+    """What a deployment would change on the nodes: containers, volumes, firewall, token file."""
+    state = {}
+    for node in nodes:
+        state[node] = {
+            "containers": _node_docker(node, "ps", "-a", "--no-trunc", "--format", "{{.ID}} {{.Names}} {{.State}}"),
+            "volumes": _node_docker(node, "volume", "ls", "-q"),
+            "iptables": _in_node(node, "iptables", "-S").stdout,
+        }
+    state["token_file"] = TOKEN_FILE.exists()
+    return state
+
+
+@pytest.fixture(scope="module")
+def lab():
+    hosts = _lab_hosts()
+    nodes = sorted(hosts["all"]["children"]["ray_head"]["hosts"]) + sorted(hosts["all"]["children"]["ray_workers"]["hosts"])
+    if len(nodes) < 2:
+        pytest.fail(f"the bad-input suite needs a lab of 2 nodes or more; it has {nodes}")
+    teardown = subprocess.run([BIN / "ansible-playbook", "-i", LAB_INVENTORY, ROOT / "playbooks" / "teardown.yml"],
+                              cwd=ROOT, env=_env(), capture_output=True, text=True)
+    assert teardown.returncode == 0, teardown.stdout[-3000:]
+    return {"hosts": hosts, "nodes": nodes}
+
+
+def write_inventory(tmp_path: Path, hosts: dict) -> Path:
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    shutil.copytree(LAB_INVENTORY / "group_vars", inv / "group_vars")
+    (inv / "hosts.yml").write_text(json.dumps(hosts))
+    os.chmod(inv / "hosts.yml", 0o600)
+    return inv
+
+
+def deploy(inventory: Path, *extra: str, playbook: str = "deploy_qwen35.yml") -> subprocess.CompletedProcess:
+    cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / playbook), *extra]
+    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("[ERROR]: Task failed")]
+
+
+def _hosts_with(lab, change) -> dict:
+    hosts = json.loads(json.dumps(lab["hosts"]))
+    change(hosts["all"]["children"], hosts["all"]["vars"])
+    return hosts
+
+
+def _move_all_to_head(children, _vars):
+    children["ray_head"]["hosts"].update(children["ray_workers"]["hosts"])
+    children["ray_workers"]["hosts"] = {}
+
+
+def _no_head(children, _vars):
+    children["ray_workers"]["hosts"].update(children["ray_head"]["hosts"])
+    children["ray_head"]["hosts"] = {}
+
+
+def _head_also_worker(children, _vars):
+    children["ray_workers"]["hosts"].update(children["ray_head"]["hosts"])
+
+
+def _only_head(children, _vars):
+    children["ray_workers"]["hosts"] = {}
+
+
+def _pin(node: str, address: str):
+    def change(children, _vars):
+        for group in children.values():
+            if node in group["hosts"]:
+                group["hosts"][node]["fabric_address"] = address
+    return change
+
+
+def _pin_both(address: str):
+    def change(children, _vars):
+        for group in children.values():
+            for host in group["hosts"].values():
+                host["fabric_address"] = address
+    return change
+
+
+# id, inventory change (or None), extra -e arguments, expected pieces of the one error line
+CASES = [
+    ("tp-times-pp-exceeds-gpus", None, {"vllm_server_tensor_parallel_size": 4, "gate_expected_gpus": 4},
+     ["tensor parallel 4 x pipeline parallel 1 = 4 GPUs", "the inventory offers 2", "make tensor x pipeline"]),
+    ("tp-times-pp-differs-from-gate", None, {"gate_expected_gpus": 3},
+     ["= 2 GPUs", "the gate expects 3 (gate_expected_gpus)"]),
+    ("no-head", _no_head, {}, ["group ray_head must hold exactly one host", "it holds 0", "put one host in [ray_head]"]),
+    ("two-heads", _move_all_to_head, {}, ["group ray_head must hold exactly one host", "it holds 2"]),
+    ("head-also-worker", _head_also_worker, {}, ["node1 is in both ray_head and ray_workers"]),
+    ("empty-workers-with-tp-2", _only_head, {}, ["= 2 GPUs, but the inventory offers 1", "node1: 1"]),
+    ("fabric-address-outside-subnet", _pin("node2", "10.230.0.12"), {},
+     ["fabric_address outside 10.220.0.0/24: node2=10.230.0.12", "correct fabric_address or fabric_subnet"]),
+    ("fabric-address-not-on-node", _pin("node2", "10.220.0.99"), {},
+     ["node2 has no interface with its fabric_address 10.220.0.99", "enp1s0f0np0=10.220.0.12"]),
+    ("duplicate-fabric-addresses", _pin_both("10.220.0.11"), {},
+     ["duplicate fabric_address: node1=10.220.0.11, node2=10.220.0.11", "give every node its own address"]),
+    ("fabric-subnet-malformed", None, {"fabric_subnet": "10.220.0.0/33"}, ["fabric_subnet on node", "set it in the inventory"]),
+    ("fabric-subnet-without-nodes", None, {"fabric_subnet": "10.99.0.0/24"},
+     ["has no address on the fabric subnet 10.99.0.0/24", "eth0=10.210.0.1", "correct the fabric subnet"]),
+    ("image-tag-missing", None, {"image_ref": "{{ lab_registry }}/gpulab/vllm-cpu:no-such-tag"},
+     ["cannot pull", "gpulab/vllm-cpu:no-such-tag", "check that the registry has this tag"]),
+    ("image-ref-malformed", None, {"image_ref": "not an image!"}, ["is not an image reference", "NAME:TAG"]),
+    ("model-path-missing", None, {"qwen35_model": "/models/no-such-model"},
+     ["missing on this node: /models/no-such-model", "put the model there"]),
+    ("extra-args-as-string", None, {"vllm_server_extra_args": "--enforce-eager --max-num-seqs 4"},
+     ["vllm_server_extra_args=", "must be a list of strings", "one item per word"]),
+    ("extra-args-not-an-option", None, {"vllm_server_extra_args": ["enforce-eager"]},
+     ["must be a list of strings starting with an option"]),
+    ("gate-timeout-zero", None, {"gate_timeout": 0}, ["gate_timeout=0", "must be greater than 0"]),
+    ("gate-interval-negative", None, {"gate_poll_interval": -1}, ["gate_poll_interval=-1", "must be greater than 0"]),
+    ("health-timeout-negative", None, {"vllm_server_health_timeout": -5}, ["health timeout and interval must be greater than 0"]),
+    ("ray-token-missing", None, {"ray_cluster_auth_token": ""},
+     ["ray_cluster_auth_token on node", "is empty", "ansible-vault encrypt_string", "ray_cluster_auth: false"]),
+    ("api-key-too-short", None, {"vllm_server_api_key": "short"},
+     ["vllm_server_api_key on node1 is shorter than 16 characters", "vllm_server_auth: false"]),
+    ("ray-port-out-of-range", None, {"ray_cluster_port": 70000}, ["ray_cluster_port=70000 must be 1..65535"]),
+    ("worker-ports-inverted", None, {"ray_cluster_min_worker_port": 12000, "ray_cluster_max_worker_port": 11000},
+     ["ray_cluster_min_worker_port=12000 must be below", "ray_cluster_max_worker_port=11000"]),
+    ("model-empty", None, {"qwen35_model": ""}, ["vllm_server_model must name a model"]),
+]
+
+
+@pytest.mark.parametrize("case_id, change, extra, expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_fails_before_any_change(lab, tmp_path, case_id, change, extra, expected):
+    inventory = write_inventory(tmp_path, _hosts_with(lab, change) if change else lab["hosts"])
+    before = snapshot(lab["nodes"])
+    args = ["-e", json.dumps(extra)] if extra else []
+    result = deploy(inventory, *args)
+    after = snapshot(lab["nodes"])
+    assert result.returncode != 0, f"{case_id}: the playbook succeeded:\n{result.stdout[-2000:]}"
+    errors = error_lines(result.stdout + result.stderr)
+    assert errors, f"{case_id}: no [ERROR] line:\n{result.stdout[-3000:]}\n{result.stderr[-2000:]}"
+    text = " ".join(errors)
+    for piece in expected:
+        assert piece in text, f"{case_id}: {piece!r} not in the error:\n" + "\n".join(errors)
+    assert "Traceback" not in result.stdout + result.stderr
+    assert after == before, f"{case_id}: a node was changed"
+
+
+def _listen_in_node(node: str, address: str, port: int) -> subprocess.Popen:
+    code = (
+        "import socket,time;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+        f"s.bind(('{address}',{port}));s.listen();time.sleep(120)"
+    )
+    proc = subprocess.Popen(["ip", "netns", "exec", f"gpl-node{node[4:]}", sys.executable, "-c", code])
+    for _ in range(50):
+        if f":{port} " in _in_node(node, "ss", "-Htln").stdout:
+            return proc
+        subprocess.run(["sleep", "0.1"])
+    proc.kill()
+    pytest.fail(f"could not hold port {port} in {node}")
+
+
+@pytest.mark.parametrize("port, expected", [
+    (8000, ["port 8000 on node1 is already in use", "set vllm_server_port to a free port"]),
+    (6379, ["port(s) 6379 on node1 are already in use", "choose other ports"]),
+])
+def test_port_in_use_fails_before_any_change(lab, port, expected):
+    holder = _listen_in_node("node1", "0.0.0.0", port)
+    try:
+        before = snapshot(lab["nodes"])
+        result = deploy(LAB_INVENTORY)
+        after = snapshot(lab["nodes"])
+    finally:
+        holder.kill()
+        holder.wait()
+    text = " ".join(error_lines(result.stdout))
+    assert result.returncode != 0
+    for piece in expected:
+        assert piece in text, f"{piece!r} not in: {text}"
+    assert after == before
+
+
+def test_fabric_interface_down_fails_before_any_change(lab):
+    _in_node("node2", "ip", "link", "set", "enp1s0f0np0", "down")
+    try:
+        before = snapshot(lab["nodes"])
+        result = deploy(LAB_INVENTORY)
+        after = snapshot(lab["nodes"])
+    finally:
+        _in_node("node2", "ip", "link", "set", "enp1s0f0np0", "up")
+    text = " ".join(error_lines(result.stdout))
+    assert result.returncode != 0
+    assert "node2: the fabric interface enp1s0f0np0 (10.220.0.12) is down" in text, text
+    assert after == before
+
+
+def test_ray_versions_differ_fails_before_ray_starts(lab, tmp_path):
+    """node2 gets an image whose Ray reports another version: the image stage stops the run."""
+    registry = lab["hosts"]["all"]["vars"]["lab_registry"]
+    ray_image = lab["hosts"]["all"]["vars"]["lab_ray_image"]
+    other = f"{registry}/gpulab/ray:2.53.0-test"
+    local_other = other.replace(registry, "127.0.0.1:" + registry.rsplit(":", 1)[1])
+    context = tmp_path / "ray-other"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {ray_image.replace(registry, '127.0.0.1:' + registry.rsplit(':', 1)[1])}\n"
+        "RUN sed -i 's/^Version: 2.60.0$/Version: 2.53.0/' /opt/venv/lib/python3.11/site-packages/ray-2.60.0.dist-info/METADATA\n"
+    )
+    subprocess.run(["docker", "build", "-q", "-t", local_other, str(context)], check=True, capture_output=True)
+    subprocess.run(["docker", "push", "-q", local_other], check=True, capture_output=True)
+
+    def change(children, _vars):
+        children["ray_head"]["hosts"]["node1"]["image_ref"] = ray_image
+        children["ray_workers"]["hosts"]["node2"]["image_ref"] = other
+
+    inventory = write_inventory(tmp_path, _hosts_with(lab, change))
+    before = snapshot(lab["nodes"])
+    result = deploy(inventory, "-e", json.dumps({"image_require_vllm": False, "gpulab_vllm_serve": False,
+                                                  "gate_expected_gpus": 2}), playbook="deploy.yml")
+    after = snapshot(lab["nodes"])
+    text = " ".join(error_lines(result.stdout))
+    assert result.returncode != 0
+    assert "Ray versions differ between nodes (node1=2.60.0, node2=2.53.0)" in text, text
+    assert "give every node the same image" in text
+    assert after == before
