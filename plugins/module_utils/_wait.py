@@ -1,0 +1,60 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpulab.vllm maintainers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+"""One wait loop for every gpulab.vllm module that waits for something.
+
+Private to gpulab.vllm. The loop uses a monotonic clock (wall-clock jumps on a
+freshly booted host must not end or stretch a wait), always polls at least
+once, never sleeps past the deadline, and tells the probe how much time is
+left so that a single slow poll cannot overrun the timeout by much.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class WaitOutcome(object):
+    """What a wait ended with: the last value, whether it was ready, and the cost."""
+
+    __slots__ = ("value", "ready", "waited", "elapsed", "polls")
+
+    def __init__(self, value, ready, waited, elapsed, polls):
+        self.value = value
+        self.ready = ready
+        self.waited = waited
+        self.elapsed = elapsed
+        self.polls = polls
+
+    def as_dict(self):
+        return {"waited": self.waited, "elapsed": round(self.elapsed, 3), "polls": self.polls}
+
+
+def validate_wait_options(timeout, sleep):
+    """Return an error message for bad wait options, or None."""
+    if timeout is None or timeout <= 0:
+        return "wait_timeout must be greater than 0, got %r" % (timeout,)
+    if sleep is None or sleep <= 0:
+        return "wait_sleep must be greater than 0, got %r" % (sleep,)
+    return None
+
+
+def poll_until(probe, is_ready, wait, timeout, sleep, clock=time.monotonic, sleeper=time.sleep):
+    """Call ``probe(remaining_seconds)`` until ``is_ready(value)`` or the timeout.
+
+    With ``wait`` false the probe runs exactly once. ``remaining_seconds`` is
+    ``None`` then (no deadline); with ``wait`` it is the time left before the
+    deadline, at least a small positive number.
+    """
+    started = clock()
+    deadline = started + timeout if wait else None
+    polls = 0
+    while True:
+        remaining = None if deadline is None else max(deadline - clock(), 0.001)
+        value = probe(remaining)
+        polls += 1
+        ready = bool(is_ready(value))
+        now = clock()
+        if ready or deadline is None or now >= deadline:
+            return WaitOutcome(value, ready, bool(wait), now - started, polls)
+        sleeper(min(sleep, deadline - now))
