@@ -1,0 +1,219 @@
+"""_ray_state on GCS reads recorded from the 2- and 3-node lab (tests/fixtures_record.py ray ...)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import fixture_names, load_fixture
+from ansible_collections.gpulab.vllm.plugins.module_utils import _ray_state
+
+WHERE = "container fixture-ray-head on host node1"
+READ_OK = [name for name in fixture_names("ray") if load_fixture("ray", name)["reader_run"]["rc"] == 0
+           and json.loads(load_fixture("ray", name)["reader_run"]["stdout"])["error"] is None]
+
+
+def snapshot_of(name):
+    run = load_fixture("ray", name)["reader_run"]
+    return _ray_state.interpret_reader_run(run["rc"], run["stdout"], run["stderr"], WHERE)
+
+
+def facts_of(name, expected_node_ips=None):
+    return _ray_state.build_facts(snapshot_of(name), expected_node_ips)
+
+
+def ray_status_counts(text):
+    """Active node count and total GPUs as `ray status` printed them beside the read."""
+    active = re.search(r"Active:\n(.*?)\nPending:", text, re.S).group(1)
+    alive = len(re.findall(r"^\s*1 node_[0-9a-f]+$", active, re.M))
+    gpus = float(re.search(r"[\d.]+/([\d.]+) GPU", text).group(1))
+    return alive, gpus
+
+
+def test_fixtures_cover_the_situations_of_the_issue():
+    # 2- and 3-node reads, one with a dead node, and the error cases.
+    assert {"ray_2node_alive", "ray_2node_head_only", "ray_3node_alive", "ray_3node_one_dead"} <= set(READ_OK)
+    assert {"ray_head_container_missing", "ray_head_starting_no_address", "ray_gcs_unreachable"} <= set(
+        fixture_names("ray"))
+
+
+# `ray status` prints totals from the autoscaler monitor's last report (every few
+# seconds), its node list from the GCS. Recorded one second after the stop, this
+# one still shows the stopped worker's GPU in the totals; the GCS read does not.
+RAY_STATUS_TOTALS_LAG = {"ray_3node_worker_stopped": 3.0}
+
+
+@pytest.mark.parametrize("name", [n for n in READ_OK if load_fixture("ray", n)["ray_status_run"]])
+def test_alive_nodes_and_gpus_agree_with_ray_status(name):
+    record = load_fixture("ray", name)
+    alive, gpus = ray_status_counts(record["ray_status_run"]["stdout"])
+    facts = facts_of(name)
+    assert facts["alive_nodes"] == alive, record["situation"]
+    assert gpus == RAY_STATUS_TOTALS_LAG.get(name, facts["gpus"]), record["situation"]
+
+
+def test_two_node_lab_is_ready_for_both_fabric_addresses():
+    facts = facts_of("ray_2node_alive", ["10.220.0.11", "10.220.0.12"])
+    assert facts["ray_version"] == "2.60.0"
+    assert facts["gcs_address"] == "10.220.0.11:6380"
+    assert [(n["node_ip"], n["is_head"], n["alive"]) for n in facts["nodes"]] == [
+        ("10.220.0.11", True, True), ("10.220.0.12", False, True)]
+    assert facts["missing_node_ips"] == [] and facts["unexpected_node_ips"] == []
+    assert facts["total_resources"]["CPU"] == 4.0 and facts["gpus"] == 2.0
+    assert _ray_state.unmet_conditions(facts, ["10.220.0.11", "10.220.0.12"], 2, 2.0) == []
+
+
+def test_node_markers_are_not_reported_as_resources():
+    raw = snapshot_of("ray_2node_alive")["nodes"]
+    assert any(key.startswith("node:") for node in raw for key in node["resources"])
+    facts = facts_of("ray_2node_alive")
+    for node in facts["nodes"]:
+        assert set(node["resources"]) == {"CPU", "GPU", "memory", "object_store_memory"}
+    assert not any(key.startswith("node:") for key in facts["total_resources"])
+
+
+def test_head_only_names_the_missing_worker_and_the_gpu_shortfall():
+    expected = ["10.220.0.11", "10.220.0.12"]
+    facts = _ray_state.build_facts(snapshot_of("ray_2node_head_only"), expected, waited=True, elapsed=60.04, polls=41)
+    unmet = _ray_state.unmet_conditions(facts, expected, None, 2)
+    assert unmet == ["missing node(s) 10.220.0.12", "GPUs 1 of 2 expected"]
+    message = _ray_state.not_ready_message(facts, unmet, WHERE)
+    assert message == (
+        "Ray cluster at 10.220.0.11:6380 (container fixture-ray-head on host node1) not ready after 60s (41 polls): "
+        "missing node(s) 10.220.0.12; GPUs 1 of 2 expected; alive: 10.220.0.11 (head, GPU 1)")
+    assert "\n" not in message
+
+
+def test_expected_node_count_alone_is_a_condition():
+    facts = facts_of("ray_2node_head_only")
+    assert _ray_state.unmet_conditions(facts, expected_nodes=2) == ["1 of 2 expected node(s) alive"]
+    assert _ray_state.unmet_conditions(facts, expected_nodes=1) == []
+
+
+def test_unexpected_node_is_reported():
+    facts = facts_of("ray_2node_alive", ["10.220.0.11"])
+    assert facts["unexpected_node_ips"] == ["10.220.0.12"]
+    assert facts_of("ray_2node_alive")["unexpected_node_ips"] == []
+
+
+def test_killed_worker_is_dead_with_rays_reason():
+    expected = ["10.220.0.11", "10.220.0.12", "10.220.0.13"]
+    facts = facts_of("ray_3node_one_dead", expected)
+    assert (facts["alive_nodes"], facts["dead_nodes"], facts["gpus"]) == (2, 1, 2.0)
+    assert facts["missing_node_ips"] == ["10.220.0.13"]
+    dead = [n for n in facts["nodes"] if not n["alive"]]
+    assert [(n["node_ip"], n["state"]) for n in dead] == [("10.220.0.13", "DEAD")]
+    assert facts["failures"] == [{
+        "source": "gcs",
+        "node_id": dead[0]["node_id"],
+        "node_ip": "10.220.0.13",
+        "reason": "UNEXPECTED_TERMINATION",
+        "message": "health check failed due to missing too many heartbeats",
+    }]
+    message = _ray_state.not_ready_message(facts, _ray_state.unmet_conditions(facts, expected, None, 3), WHERE)
+    assert "missing node(s) 10.220.0.13" in message
+    assert "GPUs 2 of 3 expected" in message
+    assert message.endswith("dead: 10.220.0.13 (UNEXPECTED_TERMINATION)")
+
+
+def test_rejoined_worker_counts_as_present_and_its_old_death_is_not_news():
+    expected = ["10.220.0.11", "10.220.0.12", "10.220.0.13"]
+    facts = facts_of("ray_3node_rejoined", expected)
+    assert (facts["alive_nodes"], facts["dead_nodes"]) == (3, 1)
+    assert facts["missing_node_ips"] == []
+    assert [f["node_ip"] for f in facts["failures"]] == ["10.220.0.13"]
+    assert _ray_state.unmet_conditions(facts, expected, 3, 3) == []
+    # Alive first: the dead entry of the same address sorts last.
+    assert [n["alive"] for n in facts["nodes"]] == [True, True, True, False]
+    message = _ray_state.not_ready_message(facts, ["GPUs 3 of 4 expected"], WHERE)
+    assert "dead:" not in message
+
+
+def test_gracefully_stopped_worker_is_dead_too():
+    facts = facts_of("ray_3node_worker_stopped", ["10.220.0.11", "10.220.0.12", "10.220.0.13"])
+    assert facts["missing_node_ips"] == ["10.220.0.12"]
+    reasons = dict((f["node_ip"], f["reason"]) for f in facts["failures"])
+    assert reasons["10.220.0.12"] == "AUTOSCALER_DRAIN_PREEMPTED"
+
+
+def test_no_pending_nodes_in_a_cluster_made_by_ray_start():
+    for name in READ_OK:
+        assert facts_of(name)["pending_nodes"] == 0, name
+
+
+def test_pending_nodes_come_from_the_autoscaler_report():
+    # The lab has no autoscaler launches, so this one is the recorded report with
+    # one launch and one pending node added, in the shape Ray's monitor writes them.
+    snapshot = copy.deepcopy(snapshot_of("ray_2node_alive"))
+    report = snapshot["autoscaler_status"]["autoscaler_report"]
+    assert report["pending_nodes"] == [] and report["pending_launches"] == {}
+    report["pending_launches"] = {"gpu_worker": 1}
+    report["pending_nodes"] = [["10.220.0.14", "gpu_worker", "setting-up"]]
+    report["failed_nodes"] = [["10.220.0.15", "gpu_worker"]]
+    facts = _ray_state.build_facts(snapshot)
+    assert facts["pending_nodes"] == 2
+    assert _ray_state.unmet_conditions(facts) == ["2 node(s) pending"]
+    assert facts["failures"][-1]["source"] == "autoscaler"
+    assert facts["failures"][-1]["node_ip"] == "10.220.0.15"
+
+
+@pytest.mark.parametrize("name, kind, words", [
+    ("ray_head_container_missing", "container_missing", "No such container: fixture-ray-head"),
+    ("ray_head_starting_no_address", "no_address", "/tmp/ray/ray_current_cluster"),
+    ("ray_gcs_unreachable", "gcs_unreachable", "10.220.0.11:6399"),
+    ("ray_head_container_stopped", "container_not_running", "is not running"),
+])
+def test_read_errors_are_clear_and_transient(name, kind, words):
+    run = load_fixture("ray", name)["reader_run"]
+    with pytest.raises(_ray_state.ReaderError) as caught:
+        _ray_state.interpret_reader_run(run["rc"], run["stdout"], run["stderr"], WHERE)
+    assert caught.value.kind == kind
+    assert caught.value.transient
+    assert caught.value.message.startswith(WHERE + ": ")
+    assert words in caught.value.message
+
+
+def test_docker_errors_without_a_recording_are_still_classified():
+    # Messages of docker 20.10 for situations the lab did not produce.
+    cases = {
+        "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?":
+            "docker_unreachable",
+        'OCI runtime exec failed: exec failed: unable to start container process: exec: "python3": '
+        'executable file not found in $PATH: unknown': "python_missing",
+    }
+    for stderr, kind in cases.items():
+        with pytest.raises(_ray_state.ReaderError) as caught:
+            _ray_state.interpret_reader_run(1, "", stderr, WHERE)
+        assert caught.value.kind == kind, stderr
+    with pytest.raises(_ray_state.ReaderError) as caught:
+        _ray_state.interpret_reader_run(0, "Traceback (most recent call last):\n", "", WHERE)
+    assert caught.value.kind == "reader_failed" and not caught.value.transient
+
+
+def test_reader_argv_is_a_list_for_docker_exec():
+    argv = _ray_state.reader_argv("python3", "auto", 5.0, docker_cli="/usr/bin/docker", container="ray-head")
+    assert argv[:6] == ["/usr/bin/docker", "exec", "ray-head", "python3", "-c", _ray_state.GCS_READER_SCRIPT]
+    assert argv[6:] == ["auto", "5"]
+    assert _ray_state.reader_argv("/usr/bin/python3", "10.0.0.1:6379", 0.25)[3:] == ["10.0.0.1:6379", "0.25"]
+
+
+def test_reader_script_reports_a_missing_ray_as_json():
+    # The unit-test interpreter has no ray: the reader must say so, not crash.
+    done = subprocess.run([sys.executable, "-c", _ray_state.GCS_READER_SCRIPT, "auto", "1"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    with pytest.raises(_ray_state.ReaderError) as caught:
+        _ray_state.interpret_reader_run(done.returncode, done.stdout, done.stderr, "host test")
+    assert caught.value.kind == "ray_missing"
+    assert "cannot import ray" in caught.value.message
+
+
+def test_empty_facts_have_the_full_shape():
+    facts = _ray_state.empty_facts(None, ["10.220.0.11"], waited=True, elapsed=2.0, polls=5)
+    assert set(facts) == set(facts_of("ray_2node_alive"))
+    assert facts["missing_node_ips"] == ["10.220.0.11"]
+    assert facts["wait"] == {"waited": True, "elapsed": 2.0, "polls": 5}
