@@ -1,0 +1,257 @@
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpulab.vllm maintainers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+"""Probe a vLLM OpenAI-compatible server, stage by stage.
+
+Private to gpulab.vllm. ``/health`` and ``/v1/models`` answer 200 while the
+engine is dead (seen in the lab: every completion then fails with HTTP 500
+"EngineCore encountered an issue"), so a probe is only healthy once a real
+generation has answered.
+
+The transport (``http_exchange``) is the only part that touches the network;
+``probe_server`` takes any callable with the same signature, which is how the
+unit tests replay exchanges recorded from the lab.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+from ansible.module_utils.common.text.converters import to_text
+from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
+from ansible.module_utils.urls import open_url
+
+STAGE_UNREACHABLE = "unreachable"
+STAGE_UNHEALTHY = "unhealthy"
+STAGE_MODEL_MISSING = "model_missing"
+STAGE_GENERATION_FAILED = "generation_failed"
+
+GENERATION_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+# Longest server text kept in a message or a probe's error.
+_ERROR_TEXT_LIMIT = 400
+
+
+def http_exchange(method, url, body=None, api_key=None, timeout=30.0, validate_certs=True,
+                  opener=open_url, clock=time.monotonic):
+    """One HTTP request. Never raises for HTTP or network errors.
+
+    Returns a dict: status (int or None), body (text or None), latency_s, error
+    (text when no HTTP answer came back, else None).
+    """
+    headers = {"Accept": "application/json"}
+    data = None
+    if body is not None:
+        data = json.dumps(body)
+        headers["Content-Type"] = "application/json"
+    if api_key:
+        headers["Authorization"] = "Bearer %s" % api_key
+    started = clock()
+    result = {"status": None, "body": None, "latency_s": None, "error": None}
+    try:
+        response = opener(url, data=data, headers=headers, method=method, timeout=timeout,
+                          validate_certs=validate_certs, use_proxy=False, follow_redirects="safe")
+        result["status"] = response.getcode()
+        result["body"] = to_text(response.read(), errors="surrogate_or_replace")
+    except HTTPError as exc:
+        result["status"] = exc.code
+        try:
+            result["body"] = to_text(exc.read(), errors="surrogate_or_replace")
+        except Exception:  # pylint: disable=broad-except
+            result["body"] = ""
+    except (URLError, socket.timeout, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        result["error"] = "%s: %s" % (type(reason).__name__, to_text(reason))
+    except Exception as exc:  # pylint: disable=broad-except
+        # http.client raises its own classes (RemoteDisconnected, BadStatusLine).
+        result["error"] = "%s: %s" % (type(exc).__name__, to_text(exc))
+    result["latency_s"] = round(clock() - started, 4)
+    return result
+
+
+def server_error_text(body, limit=_ERROR_TEXT_LIMIT):
+    """The server's own explanation from an error body, on one line."""
+    text = None
+    try:
+        document = json.loads(body) if body else None
+    except ValueError:
+        document = None
+    if isinstance(document, dict):
+        error = document.get("error")
+        if isinstance(error, dict):
+            text = error.get("message")
+        elif isinstance(error, str):
+            text = error
+        if text is None:
+            text = document.get("message") or document.get("detail")
+    if text is None:
+        text = body or ""
+    text = " ".join(to_text(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _probe_record(exchange, ok, error=None):
+    return {
+        "status": exchange["status"],
+        "latency_s": exchange["latency_s"],
+        "ok": bool(ok),
+        "error": error,
+    }
+
+
+def _describe_failure(method, url, exchange):
+    if exchange["status"] is None:
+        return "%s %s got no answer: %s" % (method, url, exchange["error"])
+    text = server_error_text(exchange["body"])
+    return "%s %s answered HTTP %d%s" % (method, url, exchange["status"], ": " + text if text else "")
+
+
+def _json_body(exchange):
+    try:
+        return json.loads(exchange["body"] or "")
+    except ValueError:
+        return None
+
+
+def generation_request(generation_api, model, prompt, max_tokens):
+    """Path and body of the smallest real generation."""
+    body = {"model": model, "max_tokens": max_tokens, "temperature": 0}
+    if generation_api == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return GENERATION_PATHS[generation_api], body
+
+
+def generated_text_of(generation_api, document):
+    """Text of the first choice, or None if the answer has none."""
+    try:
+        choice = document["choices"][0]
+        if generation_api == "chat":
+            return choice["message"]["content"]
+        return choice["text"]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def new_report():
+    return {
+        "healthy": False,
+        "failed_stage": None,
+        "error": None,
+        "probes": {},
+        "served_models": [],
+        "vllm_version": None,
+        "time_to_first_token_s": None,
+        "generated_text": None,
+    }
+
+
+def probe_server(send, base_url, model=None, generation=True, generation_api="completions", prompt="Hello",
+                 max_tokens=4, metrics=False):
+    """Run the probes in order; the first failing stage is the report's ``failed_stage``.
+
+    ``send(method, url, body)`` returns what ``http_exchange`` returns.
+    A server that answers but is unhealthy is still asked for a generation:
+    its ``/health`` says only "503", the generation's error says why. The
+    report's ``error`` is one line: what was expected, what came back, where.
+    """
+    base = base_url.rstrip("/")
+    report = new_report()
+    probes = report["probes"]
+    problems = []
+
+    def record(name, exchange, stage=None, problem=None):
+        probes[name] = _probe_record(exchange, problem is None, problem)
+        if problem is not None:
+            problems.append(problem)
+            if report["failed_stage"] is None:
+                report["failed_stage"] = stage
+
+    url = base + "/health"
+    health = send("GET", url, None)
+    if health["status"] is None:
+        record("health", health, STAGE_UNREACHABLE, _describe_failure("GET", url, health))
+        return _finish(report, problems)
+    record("health", health, STAGE_UNHEALTHY, None if health["status"] == 200 else _describe_failure("GET", url, health))
+
+    url = base + "/v1/models"
+    models = send("GET", url, None)
+    served = _served_models(models)
+    if served is None:
+        if models["status"] == 200:
+            problem = "GET %s answered 200 without a model list: %s" % (url, server_error_text(models["body"]))
+        else:
+            problem = _describe_failure("GET", url, models)
+        record("models", models, STAGE_UNHEALTHY, problem)
+    elif model and model not in served:
+        record("models", models, STAGE_MODEL_MISSING, "GET %s: expected model %r is not served; served: %s" % (
+            url, model, ", ".join(served) if served else "none"))
+    elif not served:
+        record("models", models, STAGE_MODEL_MISSING, "GET %s: the server serves no model" % url)
+    else:
+        record("models", models)
+    report["served_models"] = served or []
+
+    # The version is information, not health: a failure here fails nothing.
+    url = base + "/version"
+    version = send("GET", url, None)
+    version_document = _json_body(version) if version["status"] == 200 else None
+    if isinstance(version_document, dict) and version_document.get("version"):
+        report["vllm_version"] = to_text(version_document["version"])
+        probes["version"] = _probe_record(version, True)
+    else:
+        probes["version"] = _probe_record(version, False, _describe_failure("GET", url, version))
+
+    if model:
+        # Generating with a model the server does not list would only repeat model_missing.
+        generation_model = model if served is None or model in served else None
+    else:
+        generation_model = served[0] if served else None
+    if generation and generation_model:
+        path, body = generation_request(generation_api, generation_model, prompt, max_tokens)
+        url = base + path
+        answer = send("POST", url, body)
+        report["time_to_first_token_s"] = answer["latency_s"]
+        text = generated_text_of(generation_api, _json_body(answer)) if answer["status"] == 200 else None
+        if text is None:
+            if answer["status"] == 200:
+                problem = "POST %s answered 200 without a generated choice: %s" % (
+                    url, server_error_text(answer["body"]))
+            else:
+                problem = _describe_failure("POST", url, answer)
+            record("generation", answer, STAGE_GENERATION_FAILED, problem)
+        else:
+            report["generated_text"] = text
+            record("generation", answer)
+
+    if metrics:
+        url = base + "/metrics"
+        exposition = send("GET", url, None)
+        ok = exposition["status"] == 200
+        probes["metrics"] = _probe_record(exposition, ok, None if ok else _describe_failure("GET", url, exposition))
+
+    return _finish(report, problems)
+
+
+def _served_models(exchange):
+    document = _json_body(exchange) if exchange["status"] == 200 else None
+    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
+        return None
+    return [entry.get("id") for entry in document["data"] if isinstance(entry, dict) and entry.get("id")]
+
+
+def _finish(report, problems):
+    report["healthy"] = not problems
+    report["error"] = "; then ".join(problems) if problems else None
+    return report
+
+
+def failure_message(report, base_url, wait=None):
+    """One line for fail_json."""
+    text = "vLLM at %s" % base_url
+    if wait and wait.get("waited"):
+        text += " not healthy after %.1fs (%d polls)" % (wait["elapsed"], wait["polls"])
+    return "%s: stage %s: %s" % (text, report["failed_stage"], report["error"])
