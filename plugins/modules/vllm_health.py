@@ -1,0 +1,284 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpulab.vllm maintainers
+# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_health
+short_description: Prove that a vLLM OpenAI-compatible server answers, serves the expected model and generates text
+version_added: 0.1.0
+description:
+  - Probes a vLLM server in stages, in this order C(/health), C(/v1/models) (the expected model is served),
+    C(/version), a real generation with a tiny O(max_tokens) (O(generation_api)), and optionally C(/metrics).
+    The first stage that fails is RV(failed_stage).
+  - A server that does not answer at all is not probed further. A server that answers but is unhealthy is
+    still asked for a generation, because its error text says why (C(/health) answers a bare 503 when the
+    engine is dead, the generation answers HTTP 500 "EngineCore encountered an issue").
+  - The generation is on by default because C(/health) and C(/v1/models) can answer 200 while the engine
+    is dead; only a generation shows that. It is skipped when the expected model is not served.
+  - C(/version) and C(/metrics) are informational; their failure is reported in RV(probes) and fails nothing.
+  - With O(wait=true) all the stages are retried every O(wait_sleep) seconds until the server is healthy or
+    O(wait_timeout) has passed, for a server that is still loading its model.
+  - On failure the module fails with one line naming the stage, the URL and the server's own error text,
+    and still returns every probe result.
+author:
+  - gpulab.vllm maintainers (!UNKNOWN)
+options:
+  base_url:
+    description:
+      - Base URL of the server, for example V(http://10.210.0.11:8000), without C(/v1).
+    type: str
+    required: true
+  model:
+    description:
+      - Served model name that must be in C(/v1/models); also the model of the generation.
+      - When not given, any served model will do and the generation uses the first one.
+    type: str
+  api_key:
+    description:
+      - "API key of the server (vLLM's C(--api-key)), sent as C(Authorization: Bearer <key>)."
+      - Never returned nor logged.
+    type: str
+  generation:
+    description:
+      - Whether to run a real generation. Leave it on; without it a dead engine looks healthy.
+    type: bool
+    default: true
+  generation_api:
+    description:
+      - OpenAI endpoint of the generation, C(/v1/completions) or C(/v1/chat/completions).
+    type: str
+    choices: [completions, chat]
+    default: completions
+  prompt:
+    description:
+      - Prompt of the generation (the user message with O(generation_api=chat)).
+    type: str
+    default: Hello
+  max_tokens:
+    description:
+      - Tokens to generate; keep it small, the probe only proves that the engine answers.
+    type: int
+    default: 4
+  metrics:
+    description:
+      - Whether to also fetch C(/metrics).
+    type: bool
+    default: false
+  request_timeout:
+    description:
+      - Timeout of each HTTP request in seconds. A wait shortens it to the time left.
+    type: float
+    default: 30
+  wait:
+    description:
+      - Retry until the server is healthy or O(wait_timeout) has passed.
+    type: bool
+    default: false
+  wait_timeout:
+    description:
+      - Seconds to wait for a healthy server when O(wait=true). Must be greater than 0.
+      - Large models take 15 minutes and more to load.
+    type: int
+    default: 900
+  wait_sleep:
+    description:
+      - Seconds between two rounds of probes when O(wait=true). Must be greater than 0.
+    type: float
+    default: 2
+  validate_certs:
+    description:
+      - Whether to verify the server's TLS certificate for C(https) URLs.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: The probes only read; the generation changes no state, so it runs in check mode too.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+notes:
+  - Proxy settings of the environment are not used; the probe talks to the server directly.
+seealso:
+  - module: gpulab.vllm.ray_cluster_facts
+"""
+
+EXAMPLES = r"""
+- name: Wait until the server answers a real completion
+  gpulab.vllm.vllm_health:
+    base_url: http://10.210.0.11:8000
+    model: Qwen/Qwen3.5-27B
+    wait: true
+    wait_timeout: 1800
+  register: __vllm_health
+
+- name: Show the time to first token
+  ansible.builtin.debug:
+    msg: "{{ __vllm_health.vllm_version }} answered {{ __vllm_health.generated_text | to_json }} in {{ __vllm_health.time_to_first_token_s }}s"
+
+- name: Probe with the chat API, an API key and metrics
+  gpulab.vllm.vllm_health:
+    base_url: https://vllm.example.internal
+    model: tiny
+    api_key: "{{ vllm_api_key }}"
+    generation_api: chat
+    metrics: true
+"""
+
+RETURN = r"""
+healthy:
+  description: Whether every stage passed.
+  type: bool
+  returned: always
+  sample: true
+failed_stage:
+  description:
+    - First stage that failed, null when healthy.
+    - V(unreachable) no HTTP answer from C(/health); V(unhealthy) C(/health) or C(/v1/models) answered an error;
+      V(model_missing) the expected model is not served; V(generation_failed) the generation did not produce text.
+    - The failure message names every failed stage in order, each with its URL and the server's own text.
+  type: str
+  returned: always
+  sample: generation_failed
+probes:
+  description: Result of each probe that ran, keyed C(health), C(models), C(version), C(generation), C(metrics).
+  type: dict
+  returned: always
+  contains:
+    status:
+      description: HTTP status, null when no answer came back.
+      type: int
+    latency_s:
+      description: Seconds the request took.
+      type: float
+    ok:
+      description: Whether the probe passed.
+      type: bool
+    error:
+      description: What went wrong, with the server's own text; null when it passed.
+      type: str
+  sample:
+    health: {status: 200, latency_s: 0.004, ok: true, error: null}
+    models: {status: 200, latency_s: 0.006, ok: true, error: null}
+    version: {status: 200, latency_s: 0.003, ok: true, error: null}
+    generation: {status: 200, latency_s: 0.21, ok: true, error: null}
+served_models:
+  description: Model names listed by C(/v1/models).
+  type: list
+  elements: str
+  returned: always
+  sample: [tiny]
+vllm_version:
+  description: Version reported by C(/version).
+  type: str
+  returned: always
+  sample: 0.32.0
+time_to_first_token_s:
+  description: Seconds the (non-streaming) generation request took; null when none ran.
+  type: float
+  returned: always
+  sample: 0.21
+generated_text:
+  description: Text of the generation; null when none ran or it failed.
+  type: str
+  returned: always
+  sample: " the the the"
+waited:
+  description: What the probing cost.
+  type: dict
+  returned: always
+  contains:
+    elapsed:
+      description: Seconds spent probing (and waiting).
+      type: float
+    polls:
+      description: Rounds of probes.
+      type: int
+  sample: {elapsed: 48.2, polls: 23}
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpulab.vllm.plugins.module_utils import _vllm_probe
+from ansible_collections.gpulab.vllm.plugins.module_utils._wait import poll_until, validate_wait_options
+
+# The shortest request timeout a wait hands to a request near its deadline.
+MIN_REQUEST_TIMEOUT = 1.0
+
+
+class VllmHealthCheck(object):
+    """One round of probes per call, with the module's options."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def probe(self, remaining):
+        timeout = self.params["request_timeout"]
+        if remaining is not None:
+            timeout = max(min(timeout, remaining), MIN_REQUEST_TIMEOUT)
+
+        def send(method, url, body):
+            return _vllm_probe.http_exchange(method, url, body, api_key=self.params["api_key"], timeout=timeout,
+                                             validate_certs=self.params["validate_certs"])
+
+        return _vllm_probe.probe_server(
+            send, self.params["base_url"], model=self.params["model"], generation=self.params["generation"],
+            generation_api=self.params["generation_api"], prompt=self.params["prompt"],
+            max_tokens=self.params["max_tokens"], metrics=self.params["metrics"])
+
+
+def main():
+    argument_spec = dict(
+        base_url=dict(type="str", required=True),
+        model=dict(type="str"),
+        api_key=dict(type="str", no_log=True),
+        generation=dict(type="bool", default=True),
+        generation_api=dict(type="str", default="completions", choices=["completions", "chat"]),
+        prompt=dict(type="str", default="Hello"),
+        max_tokens=dict(type="int", default=4, no_log=False),
+        metrics=dict(type="bool", default=False),
+        request_timeout=dict(type="float", default=30),
+        wait=dict(type="bool", default=False),
+        wait_timeout=dict(type="int", default=900),
+        wait_sleep=dict(type="float", default=2),
+        validate_certs=dict(type="bool", default=True),
+    )
+    module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    params = module.params
+    problem = validate_wait_options(params["wait_timeout"], params["wait_sleep"])
+    if problem is None and params["request_timeout"] <= 0:
+        problem = "request_timeout must be greater than 0, got %r" % params["request_timeout"]
+    if problem is None and params["max_tokens"] < 1:
+        problem = "max_tokens must be at least 1, got %r" % params["max_tokens"]
+    if problem is None and not params["base_url"].startswith(("http://", "https://")):
+        problem = "base_url must start with http:// or https://, got %r" % params["base_url"]
+    if problem:
+        module.fail_json(msg=problem)
+
+    check = VllmHealthCheck(params)
+    outcome = poll_until(check.probe, lambda report: report["healthy"], params["wait"],
+                         params["wait_timeout"], params["wait_sleep"])
+    report = outcome.value
+    result = dict(
+        changed=False,
+        healthy=report["healthy"],
+        failed_stage=report["failed_stage"],
+        probes=report["probes"],
+        served_models=report["served_models"],
+        vllm_version=report["vllm_version"],
+        time_to_first_token_s=report["time_to_first_token_s"],
+        generated_text=report["generated_text"],
+        waited=dict(elapsed=round(outcome.elapsed, 3), polls=outcome.polls),
+    )
+    if not report["healthy"]:
+        module.fail_json(msg=_vllm_probe.failure_message(report, params["base_url"], outcome.as_dict()), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

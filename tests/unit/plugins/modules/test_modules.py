@@ -1,0 +1,124 @@
+"""The two modules end to end in-process: arguments in, exit or fail JSON out, on recorded lab data."""
+
+from __future__ import annotations
+
+import json
+from unittest import mock
+
+import pytest
+from ansible.module_utils import basic
+from ansible.module_utils.testing import patch_module_args
+
+from conftest import load_fixture
+from vllm_replay import ReplayServer, closed_loopback_port
+from ansible_collections.gpulab.vllm.plugins.modules import ray_cluster_facts, vllm_health
+
+
+def run_main(module, args, capsys):
+    with patch_module_args(args), pytest.raises(SystemExit) as exited:
+        module.main()
+    result = json.loads(capsys.readouterr().out)
+    result["_rc"] = exited.value.code
+    return result
+
+
+def replay_reader(*names):
+    """A run_command that answers each call with the next recorded reader run."""
+    runs = [load_fixture("ray", name)["reader_run"] for name in names]
+    calls = []
+
+    def run_command(self, argv, **kwargs):
+        calls.append(argv)
+        run = runs[min(len(calls) - 1, len(runs) - 1)]
+        return run["rc"], run["stdout"], run["stderr"]
+
+    return run_command, calls
+
+
+@pytest.fixture()
+def docker_found():
+    with mock.patch.object(basic.AnsibleModule, "get_bin_path", return_value="/usr/bin/docker"), \
+            mock.patch("socket.gethostname", return_value="node1"):
+        yield
+
+
+def test_ray_facts_module_returns_only_facts(capsys, docker_found):
+    run_command, calls = replay_reader("ray_2node_alive")
+    with mock.patch.object(basic.AnsibleModule, "run_command", run_command):
+        result = run_main(ray_cluster_facts, {"container": "fixture-ray-head"}, capsys)
+    assert result["_rc"] == 0
+    assert set(result) - {"invocation", "_rc"} == {"changed", "ansible_facts"}
+    assert result["ansible_facts"]["ray_cluster"]["alive_nodes"] == 2
+    assert calls[0][:4] == ["/usr/bin/docker", "exec", "fixture-ray-head", "python3"]
+
+
+def test_ray_gate_keeps_polling_through_a_starting_head(capsys, docker_found):
+    # Missing container, then no address yet, then the head alone, then both nodes: all recorded.
+    run_command, calls = replay_reader("ray_head_container_missing", "ray_head_starting_no_address",
+                                       "ray_2node_head_only", "ray_2node_alive")
+    with mock.patch.object(basic.AnsibleModule, "run_command", run_command):
+        result = run_main(ray_cluster_facts, {
+            "container": "fixture-ray-head", "expected_node_ips": ["10.220.0.11", "10.220.0.12"],
+            "expected_gpus": 2, "wait": True, "wait_timeout": 30, "wait_sleep": 0.01}, capsys)
+    assert result["_rc"] == 0, result.get("msg")
+    assert result["ansible_facts"]["ray_cluster"]["wait"]["polls"] == 4 == len(calls)
+    assert result["ansible_facts"]["ray_cluster"]["wait"]["waited"] is True
+
+
+def test_ray_gate_timeout_fails_with_the_facts(capsys, docker_found):
+    run_command, calls = replay_reader("ray_2node_head_only")
+    with mock.patch.object(basic.AnsibleModule, "run_command", run_command):
+        result = run_main(ray_cluster_facts, {
+            "container": "fixture-ray-head", "expected_node_ips": ["10.220.0.11", "10.220.0.12"],
+            "expected_gpus": 2, "wait": True, "wait_timeout": 1, "wait_sleep": 0.1}, capsys)
+    assert result["_rc"] == 1 and result["failed"]
+    assert result["msg"].startswith(
+        "Ray cluster at 10.220.0.11:6380 (container fixture-ray-head on host node1) not ready after ")
+    assert result["msg"].endswith("missing node(s) 10.220.0.12; GPUs 1 of 2 expected; alive: 10.220.0.11 (head, GPU 1)")
+    assert result["ansible_facts"]["ray_cluster"]["missing_node_ips"] == ["10.220.0.12"]
+    assert len(calls) >= 5
+
+
+def test_ray_permanent_error_does_not_wait(capsys, docker_found):
+    with mock.patch.object(basic.AnsibleModule, "run_command", return_value=(0, json.dumps({
+            "reader": 1, "error": {"kind": "auth", "message": "GCS at 10.220.0.11:6379 answered UNAUTHENTICATED: x"}}),
+            "")):
+        result = run_main(ray_cluster_facts, {"container": "h", "wait": True, "wait_timeout": 60}, capsys)
+    assert result["msg"] == ("Cannot read the Ray cluster (auth): container h on host node1: "
+                             "GCS at 10.220.0.11:6379 answered UNAUTHENTICATED: x")
+    assert result["ansible_facts"]["ray_cluster"]["wait"]["polls"] == 1
+
+
+def test_vllm_module_healthy_over_loopback(capsys):
+    with ReplayServer(load_fixture("vllm", "vllm_healthy")) as server:
+        result = run_main(vllm_health, {"base_url": server.base_url, "model": "tiny", "api_key": "k-123"}, capsys)
+    assert result["_rc"] == 0 and result["healthy"] is True
+    assert result["served_models"] == ["tiny"] and result["vllm_version"] == "0.32.0"
+    assert result["generated_text"] and result["waited"]["polls"] == 1
+    assert "k-123" not in json.dumps(result)
+
+
+def test_vllm_module_dead_engine_fails_in_one_line(capsys):
+    with ReplayServer(load_fixture("vllm", "vllm_dead_engine")) as server:
+        result = run_main(vllm_health, {"base_url": server.base_url, "model": "tiny"}, capsys)
+    assert result["_rc"] == 1 and result["failed_stage"] == "unhealthy"
+    assert result["msg"].startswith("vLLM at %s: stage unhealthy: GET %s/health answered HTTP 503; then POST "
+                                    % (server.base_url, server.base_url))
+    assert result["msg"].endswith("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+
+
+def test_vllm_module_waits_then_times_out_on_a_closed_port(capsys):
+    url = "http://127.0.0.1:%d" % closed_loopback_port()
+    result = run_main(vllm_health, {"base_url": url, "wait": True, "wait_timeout": 1, "wait_sleep": 0.2}, capsys)
+    assert result["failed_stage"] == "unreachable"
+    assert result["msg"].startswith("vLLM at %s not healthy after 1." % url)
+    assert result["waited"]["polls"] >= 4
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"base_url": "10.210.0.11:8000"}, "base_url must start with http:// or https://, got '10.210.0.11:8000'"),
+    ({"base_url": "http://x", "wait_sleep": 0}, "wait_sleep must be greater than 0, got 0.0"),
+    ({"base_url": "http://x", "max_tokens": 0}, "max_tokens must be at least 1, got 0"),
+])
+def test_vllm_module_refuses_bad_options(capsys, args, message):
+    assert run_main(vllm_health, args, capsys)["msg"] == message
