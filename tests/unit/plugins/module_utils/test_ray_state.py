@@ -38,8 +38,8 @@ def ray_status_counts(text):
 def test_fixtures_cover_the_situations_of_the_issue():
     # 2- and 3-node reads, one with a dead node, and the error cases.
     assert {"ray_2node_alive", "ray_2node_head_only", "ray_3node_alive", "ray_3node_one_dead"} <= set(READ_OK)
-    assert {"ray_head_container_missing", "ray_head_starting_no_address", "ray_gcs_unreachable"} <= set(
-        fixture_names("ray"))
+    assert {"ray_head_container_missing", "ray_head_starting_no_address", "ray_gcs_unreachable",
+            "ray_auth_token_missing"} <= set(fixture_names("ray"))
 
 
 # `ray status` prints totals from the autoscaler monitor's last report (every few
@@ -217,3 +217,19 @@ def test_empty_facts_have_the_full_shape():
     assert set(facts) == set(facts_of("ray_2node_alive"))
     assert facts["missing_node_ips"] == ["10.220.0.11"]
     assert facts["wait"] == {"waited": True, "elapsed": 2.0, "polls": 5}
+
+
+def test_token_authenticated_head_is_read_with_the_containers_token():
+    facts = facts_of("ray_auth_token_head", ["10.220.0.11"])
+    assert (facts["alive_nodes"], facts["gpus"], facts["missing_node_ips"]) == (1, 1.0, [])
+
+
+@pytest.mark.parametrize("name", ["ray_auth_token_missing", "ray_auth_token_wrong"])
+def test_missing_or_wrong_token_is_a_permanent_auth_error(name):
+    run = load_fixture("ray", name)["reader_run"]
+    with pytest.raises(_ray_state.ReaderError) as caught:
+        _ray_state.interpret_reader_run(run["rc"], run["stdout"], run["stderr"], WHERE)
+    assert caught.value.kind == "auth" and not caught.value.transient
+    assert caught.value.message == (
+        WHERE + ": GCS at 10.220.0.11:6380 answered UNAUTHENTICATED: InvalidAuthToken: "
+        "Authentication token is missing or incorrect")
