@@ -61,7 +61,7 @@ test: deps venv
 	$(BIN)/python tests/run_stages.py
 
 bench: lab-up
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 collection: venv
 	$(BIN)/ansible-galaxy collection build --force --output-path build/dist .

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+# Copyright: gpulab.vllm contributors
+# Apache License 2.0
+"""The floor: the same containers the playbook starts, started with no Ansible at all.
+
+    floor.py --spec bench/results/spec-qwen35.json [--collection DIR] [--poll 0.2] [--timeout 900]
+
+The spec is what `docker inspect` recorded after a playbook deploy (bench/run.py writes it), so
+the floor starts the same images with the same entrypoints, commands, environment, mounts and
+limits. Secrets come back from the lab inventory. Steps, with no fixed sleep anywhere (every wait
+polls every --poll seconds):
+
+  1. write the Ray token file; on every node at once, add the Ray firewall chain (nsenter into the
+     node) and, when the inventory asks the roles to (image_pull: always), pull the images again;
+  2. `docker -H <node socket> run` the Ray head; wait until the head's GCS port answers on the
+     fabric, seen from a worker's network namespace;
+  3. start every worker at once;
+  4. wait for every node and GPU with the collection's own GCS reader, looped inside ONE
+     `docker exec` in the head container (the gate, minus one process per poll);
+  5. start the vLLM server and poll /v1/completions until a completion is answered.
+
+Prints one JSON object: ok, total_s, marks (seconds since start at the end of each step), and
+the gate's record (wall-clock time it passed, polls, Ray's node table with start times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+
+# Waits for a TCP port; runs inside a node's network namespace.
+PORT_WAIT = r"""
+import socket, sys, time
+host, port, interval, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+deadline = time.monotonic() + timeout
+while True:
+    started = time.monotonic()
+    try:
+        socket.create_connection((host, port), timeout=interval).close()
+        sys.exit(0)
+    except OSError:
+        if started > deadline:
+            sys.exit(1)
+    time.sleep(max(0.0, interval - (time.monotonic() - started)))
+"""
+
+# Runs the collection's GCS reader (argv[1], its source) in a loop inside the head container
+# until the cluster has the nodes and GPUs asked for; prints the last reading.
+GATE_LOOP = r"""
+import io, json, sys, time
+reader = compile(sys.argv[1], "gcs_reader", "exec")
+nodes, gpus, interval, timeout = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+deadline = time.monotonic() + timeout
+polls = 0
+while True:
+    started = time.monotonic()
+    polls += 1
+    sys.modules.pop("ray", None)  # the reader registers a bare "ray" package each time
+    out, real = io.StringIO(), sys.stdout
+    sys.stdout, sys.argv = out, ["gcs_reader", "auto", "2"]
+    try:
+        exec(reader, {"__name__": "__main__"})
+    except SystemExit:
+        pass
+    finally:
+        sys.stdout = real
+    lines = out.getvalue().splitlines()
+    doc = json.loads(lines[-1]) if lines else {"error": {"kind": "reader_failed", "message": "no output"}}
+    alive = [n for n in doc.get("nodes") or [] if n["state"] == "ALIVE"]
+    ready = not doc.get("error") and len(alive) >= nodes and sum(n["resources"].get("GPU", 0) for n in alive) >= gpus
+    if ready or started > deadline:
+        print(json.dumps({"ready": bool(ready), "at": time.time(), "polls": polls, "nodes": doc.get("nodes"), "error": doc.get("error")}))
+        sys.exit(0 if ready else 1)
+    time.sleep(max(0.0, interval - (time.monotonic() - started)))
+"""
+
+
+class FloorError(Exception):
+    pass
+
+
+def write_secret_files(specs: list[dict], secrets: dict) -> None:
+    """The Ray token file, root-only, as the role writes it (the lab's nodes share the machine's /etc)."""
+    for path, name in sorted({(f["path"], f["secret"]) for s in specs for f in s["secret_files"]}):
+        target = Path(path)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        target.parent.chmod(0o700)
+        target.write_text(secrets[name])
+        target.chmod(0o600)
+
+
+def apply_firewall(node: benchlib.Node, rules: list[list[str]]) -> None:
+    for rule in rules:
+        proc = benchlib.in_netns(node, ["iptables", *rule], timeout=30)
+        if proc.returncode != 0:
+            raise FloorError("iptables %s on %s failed: %s" % (" ".join(rule[:2]), node.name, proc.stderr.strip()))
+
+
+def prepare(node: benchlib.Node, entry: dict, pull: bool) -> None:
+    apply_firewall(node, entry["firewall"])
+    if pull:
+        for image in sorted({c["image"] for c in entry["containers"]}):
+            benchlib.docker(node, "pull", "--quiet", image, timeout=600)
+
+
+def start(node: benchlib.Node, spec: dict, secrets: dict) -> None:
+    benchlib.docker(node, *benchlib.run_argv(spec, secrets))
+
+
+def wait_port(node: benchlib.Node, address: str, poll: float, timeout: float) -> None:
+    host, port = address.rsplit(":", 1)
+    proc = benchlib.in_netns(node, [sys.executable, "-c", PORT_WAIT, host, port, str(poll), str(timeout)], timeout=timeout + 30)
+    if proc.returncode != 0:
+        raise FloorError("the Ray head's GCS %s did not answer from %s within %ss" % (address, node.name, timeout))
+
+
+def wait_cluster(head: benchlib.Node, container: str, expect: dict, reader: str, poll: float, timeout: float) -> dict:
+    proc = benchlib.docker(head, "exec", container, "python3", "-c", GATE_LOOP, reader, str(expect["nodes"]), str(expect["gpus"]),
+                           str(poll), str(timeout), check=False, timeout=timeout + 60)
+    try:
+        record = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError) as exc:
+        raise FloorError("the gate loop in %s printed nothing usable: %s" % (container, proc.stderr.strip()[-300:])) from exc
+    if not record["ready"]:
+        raise FloorError("the cluster was not complete within %ss: %s" % (timeout, record))
+    return record
+
+
+def wait_completion(url: str, model: str, api_key: str | None, poll: float, timeout: float) -> dict:
+    """Poll /v1/completions until it answers 200 with a choice; the lab is reached without any proxy."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4}).encode()
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
+    deadline, attempts, last = time.monotonic() + timeout, 0, None
+    while True:
+        started = time.monotonic()
+        attempts += 1
+        try:
+            with opener.open(urllib.request.Request(url, data=body, headers=headers), timeout=30) as response:
+                answer = json.load(response)
+            if answer.get("choices"):
+                return {"attempts": attempts, "text": answer["choices"][0].get("text")}
+            last = "no choices in the answer"
+        except urllib.error.HTTPError as exc:
+            last = "HTTP %d" % exc.code
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            last = type(exc).__name__
+        if started > deadline:
+            raise FloorError("no completion from %s within %ss (last: %s)" % (url, timeout, last))
+        time.sleep(max(0.0, poll - (time.monotonic() - started)))
+
+
+def run(spec: dict, collection: Path, poll: float, timeout: float) -> dict:
+    started = time.monotonic()
+    marks = {}
+
+    def mark(step: str) -> None:
+        marks[step] = round(time.monotonic() - started, 3)
+
+    inventory = benchlib.read_inventory()
+    nodes = {node.name: node for node in benchlib.lab_nodes(inventory)}
+    secrets = benchlib.inventory_secrets(inventory)
+    reader = benchlib.load_module("_ray_state", collection / "plugins" / "module_utils" / "_ray_state.py").GCS_READER_SCRIPT
+    placed = [(nodes[entry["name"]], c) for entry in spec["nodes"] for c in entry["containers"]]
+    by_role = {role: [(n, c) for n, c in placed if c["role"] == role] for role in benchlib.ROLE_ORDER}
+    (head, head_spec), = by_role["ray-head"]
+    workers = by_role["ray-worker"]
+
+    with ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
+        write_secret_files([pair[1] for pair in placed], secrets)
+        list(pool.map(lambda entry: prepare(nodes[entry["name"]], entry, spec.get("pull", False)), spec["nodes"]))
+        mark("secrets_firewall_pull")
+        start(head, head_spec, secrets)
+        mark("head_started")
+        if workers:
+            wait_port(workers[0][0], spec["expect"]["gcs_address"], poll, timeout)
+            mark("head_port")
+            list(pool.map(lambda placed_one: start(placed_one[0], placed_one[1], secrets), workers))
+            mark("workers_started")
+    gate = wait_cluster(head, head_spec["name"], spec["expect"], reader, poll, timeout)
+    mark("gate")
+    completion = None
+    for node, server in by_role["vllm-server"]:
+        start(node, server, secrets)
+        mark("vllm_started")
+        endpoint = benchlib.vllm_endpoint(server)
+        completion = wait_completion("http://%s:%d/v1/completions" % (node.mgmt_ip, endpoint["port"]), endpoint["model"],
+                                     secrets.get("vllm_server_api_key"), poll, timeout)
+        mark("completion")
+    return {"ok": True, "total_s": round(time.monotonic() - started, 3), "marks": marks, "gate": gate, "completion": completion}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, type=Path)
+    parser.add_argument("--collection", type=Path, default=benchlib.ROOT, help="tree whose GCS reader the gate loop uses")
+    parser.add_argument("--poll", type=float, default=0.2)
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args(argv)
+    try:
+        result = run(json.loads(args.spec.read_text()), args.collection, args.poll, args.timeout)
+    except (FloorError, RuntimeError, OSError) as exc:
+        print(json.dumps({"ok": False, "error": str(exc)}))
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

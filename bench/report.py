@@ -1,0 +1,197 @@
+# Copyright: gpulab.vllm contributors
+# Apache License 2.0
+"""Render bench/results/results.json as the Markdown table of RESULTS.md."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from benchlib import summary
+
+GOALS = {"ratio": 1.25, "gate": 1.0, "noop": 10.0, "scale": 1.5}
+
+
+def _fmt(value, digits: int = 2) -> str:
+    return "-" if value is None else ("%.*f" % (digits, value))
+
+
+def _row(number: str, what: str, values: list, goal: str = "", met: bool | None = None, digits: int = 2) -> str:
+    s = summary(values)
+    mark = "" if met is None else ("yes" if met else "**no**")
+    return "| %s | %s | %s | %s | %s | %d | %s | %s |" % (
+        number, what, _fmt(s["median"], digits), _fmt(s["min"], digits), _fmt(s["max"], digits), s["n"], goal, mark)
+
+
+def _ok(runs: list[dict]) -> list[dict]:
+    return [r for r in runs if r and r.get("rc") == 0]
+
+
+def _field(runs: list[dict], key: str) -> list:
+    return [r.get(key) for r in _ok(runs) if r.get(key) is not None]
+
+
+def _ratios(rounds: list[dict]) -> list[float]:
+    return [p["playbook"]["wall_s"] / p["floor"]["wall_s"] for p in rounds
+            if p.get("playbook", {}).get("rc") == 0 and p.get("floor", {}).get("rc") == 0]
+
+
+def _median(values: list):
+    return summary(values)["median"]
+
+
+def machine_lines(results: dict) -> list[str]:
+    m = results.get("machine", {})
+    tree = results.get("tree", {})
+    lines = [
+        "- machine: %s CPU(s) (%s), %s GiB memory, kernel %s, %s" % (
+            m.get("nproc"), m.get("cpu_model"), m.get("memory_gib"), m.get("kernel"), m.get("os")),
+        "- software: Python %s, ansible-core %s, community.docker %s, Docker %s (client %s), %s" % (
+            m.get("python"), m.get("ansible_core"), m.get("community_docker"), m.get("docker_daemon"), m.get("docker_client"),
+            results.get("ray_version") or "Ray ?"),
+        "- images: %s" % (", ".join(results.get("images", [])) or "-"),
+        "- collection: git %s, snapshot %s%s" % (
+            m.get("git_head"), tree.get("sha256"),
+            (" with uncommitted changes in %d file(s)" % len(tree["uncommitted"])) if tree.get("uncommitted") else ""),
+        "- load average at start %s, at end %s; %s run(s) of each kind; started %s, finished %s" % (
+            " ".join(m.get("loadavg_start", [])), " ".join(m.get("loadavg_end", [])), results.get("runs"),
+            results.get("started"), results.get("finished", "-")),
+    ]
+    return lines
+
+
+def results_table(results: dict) -> list[str]:
+    out = ["| # | measure | median | min | max | n | goal | met |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    ready = results.get("ready")
+    if ready:
+        rounds = ready["rounds"]
+        playbook = [r.get("playbook") for r in rounds]
+        floor = [r.get("floor") for r in rounds]
+        ratios = _ratios(rounds)
+        out.append(_row("1", "time to ready, `deploy_qwen35.yml` (s)", _field(playbook, "wall_s")))
+        out.append(_row("1", "time to ready, floor `bench/floor.py` (s)", _field(floor, "wall_s")))
+        out.append(_row("1", "ratio playbook / floor, per round", ratios, "<= %.2f" % GOALS["ratio"],
+                        bool(ratios) and _median(ratios) <= GOALS["ratio"]))
+        gate = _field(playbook, "gate_reaction_s")
+        out.append(_row("2", "gate reaction: last node's Ray start to gate passed, playbook (s)", gate, "<= %.1f" % GOALS["gate"],
+                        bool(gate) and _median(gate) <= GOALS["gate"]))
+        out.append(_row("2", "same, floor (reader looped in one `docker exec`, 0.2 s) (s)", _field(floor, "gate_reaction_s")))
+    noop = results.get("noop")
+    if noop:
+        walls = _field(noop, "wall_s")
+        changed = [r.get("changed") for r in _ok(noop)]
+        out.append(_row("3", "no-op re-run, `deploy_qwen35.yml` on a healthy 2-node cluster (s)", walls, "<= %.0f" % GOALS["noop"],
+                        bool(walls) and _median(walls) <= GOALS["noop"]))
+        out.append(_row("3", "no-op re-run, tasks changed", changed, "0", bool(changed) and max(changed) == 0, digits=0))
+    scale = results.get("scale") or {}
+    base = None
+    for nodes in sorted(scale, key=int):
+        rounds = scale[nodes]["rounds"]
+        walls = _field([r.get("playbook") for r in rounds], "wall_s")
+        out.append(_row("4", "Ray-only deploy T(%s), playbook (s)" % nodes, walls))
+        out.append(_row("4", "Ray-only deploy, %s nodes, floor (s)" % nodes, _field([r.get("floor") for r in rounds], "wall_s")))
+        out.append(_row("4", "Ray-only, %s nodes, ratio playbook / floor" % nodes, _ratios(rounds)))
+        if base is None:
+            base = (nodes, _median(walls))
+        elif base[1] and walls:
+            ratio = _median(walls) / base[1]
+            goal = "<= %.1f" % GOALS["scale"] if nodes == "8" else ""
+            out.append("| 4 | T(%s)/T(%s), ratio of medians | %s | | | | %s | %s |" % (
+                nodes, base[0], _fmt(ratio), goal, ("yes" if ratio <= GOALS["scale"] else "**no**") if goal else ""))
+    facts = results.get("facts")
+    if facts:
+        out.append(_row("5", "`gpulab.vllm.ray_cluster_facts`, ad hoc `ansible` command (s)", facts["module_adhoc_s"]))
+        out.append(_row("5", "`gpulab.vllm.ray_cluster_facts`, its own read (`docker exec` + GCS reader) (s)", facts["module_read_s"]))
+        out.append(_row("5", "GCS reader alone, `docker exec` from the machine (s)", facts["reader_exec_s"]))
+        out.append(_row("5", "`ray status` in the head container, `docker exec` (s)", facts["ray_status_s"]))
+        module, status = _median(facts["module_read_s"]), _median(facts["ray_status_s"])
+        if module and status:
+            out.append("| 5 | `ray status` / module read, ratio of medians | %s | | | | | |" % _fmt(status / module, 1))
+    return out
+
+
+def _by_role(runs: list[dict]) -> dict:
+    """Median over runs of the seconds each role's tasks took (startup = before the first task)."""
+    per_run = []
+    for run in _ok(runs):
+        totals = defaultdict(float)
+        totals["(ansible-playbook start-up)"] = run.get("startup_s") or 0.0
+        for task in run["profile"]:
+            totals[task["role"] if task["role"] != "-" else "(play-level tasks)"] += task["duration"]
+        per_run.append(totals)
+    keys = sorted({k for t in per_run for k in t})
+    return {k: _median([t.get(k, 0.0) for t in per_run]) for k in keys}
+
+
+def _top_tasks(runs: list[dict], limit: int) -> list[tuple[str, str, float, float]]:
+    per_task = defaultdict(list)
+    per_host = defaultdict(list)
+    for run in _ok(runs):
+        seen = defaultdict(float)
+        seen_host = defaultdict(float)
+        for task in run["profile"]:
+            seen[(task["role"], task["task"])] += task["duration"]
+            seen_host[(task["role"], task["task"])] += task["host_max"]
+        for key, value in seen.items():
+            per_task[key].append(value)
+            per_host[key].append(seen_host[key])
+    rows = [(role, name, _median(values), _median(per_host[(role, name)])) for (role, name), values in per_task.items()]
+    return sorted(rows, key=lambda r: -r[2])[:limit]
+
+
+def profile_section(title: str, runs: list[dict], limit: int = 12) -> list[str]:
+    runs = _ok(runs)
+    if not runs:
+        return []
+    wall = _median([r["wall_s"] for r in runs])
+    out = ["", "### %s (median of %d runs, wall %s s, CPU busy %s)" % (
+        title, len(runs), _fmt(wall, 1), _fmt(_median([r.get("cpu_busy") for r in runs if r.get("cpu_busy") is not None]), 2)),
+        "", "| role | seconds | share |", "| --- | --- | --- |"]
+    for role, seconds in sorted(_by_role(runs).items(), key=lambda kv: -kv[1]):
+        out.append("| %s | %s | %s%% |" % (role, _fmt(seconds, 1), _fmt(100 * seconds / wall, 0) if wall else "-"))
+    out += ["", "| role | task | seconds | slowest host |", "| --- | --- | --- | --- |"]
+    for role, name, seconds, host in _top_tasks(runs, limit):
+        out.append("| %s | %s | %s | %s |" % (role, name, _fmt(seconds), _fmt(host)))
+    return out
+
+
+def floor_section(rounds: list[dict]) -> list[str]:
+    floors = [r["floor"] for r in rounds if r.get("floor", {}).get("rc") == 0 and r["floor"].get("marks")]
+    if not floors:
+        return []
+    steps = list(floors[0]["marks"])
+    out = ["", "### Floor, end of each step (median seconds since start, %d runs)" % len(floors), "",
+           "| step | seconds |", "| --- | --- |"]
+    out += ["| %s | %s |" % (step, _fmt(_median([f["marks"].get(step) for f in floors]))) for step in steps]
+    diffs = sorted({d for f in floors for d in f.get("parity_diffs", [])})
+    out += ["", "Floor containers against the playbook's (docker inspect): %s." % ("identical" if not diffs else "; ".join(diffs))]
+    return out
+
+
+def variants_section(variants: dict) -> list[str]:
+    if not variants:
+        return []
+    out = ["", "## Proposed role changes, measured beside the snapshot (Ray-only `deploy.yml`, 2 nodes)", "",
+           "| tree | deploy from nothing (s) | gate reaction (s) | no-op re-run (s) | no-op changed |", "| --- | --- | --- | --- | --- |"]
+    for name, entry in variants.items():
+        cells = []
+        for key, field in (("deploy", "wall_s"), ("deploy", "gate_reaction_s"), ("noop", "wall_s")):
+            s = summary(_field(entry[key], field))
+            cells.append("%s (%s-%s)" % (_fmt(s["median"]), _fmt(s["min"]), _fmt(s["max"])))
+        changed = [r.get("changed") for r in _ok(entry["noop"])]
+        out.append("| %s | %s | %s |" % (name, " | ".join(cells), max(changed) if changed else "-"))
+    return out
+
+
+def render(results: dict) -> str:
+    out = ["# gpulab.vllm benchmarks", "", "Written by `make bench` (bench/run.py); method in docs/performance.md.", ""]
+    out += machine_lines(results)
+    out += ["", "## Results", ""] + results_table(results)
+    ready = results.get("ready") or {}
+    out += ["", "## Where the time goes"]
+    out += profile_section("`deploy_qwen35.yml` from nothing", [r.get("playbook") for r in ready.get("rounds", [])])
+    out += floor_section(ready.get("rounds", []))
+    out += profile_section("no-op re-run of `deploy_qwen35.yml`", results.get("noop") or [])
+    for nodes, entry in sorted((results.get("scale") or {}).items(), key=lambda kv: int(kv[0])):
+        out += profile_section("Ray-only `deploy.yml`, %s nodes" % nodes, [r.get("playbook") for r in entry["rounds"]], limit=8)
+    out += variants_section(results.get("variants") or {})
+    return "\n".join(out) + "\n"

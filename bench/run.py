@@ -1,0 +1,394 @@
+#!/usr/bin/env python3
+# Copyright: gpulab.vllm contributors
+# Apache License 2.0
+"""make bench: time to ready against the floor, gate reaction, no-op re-run, scale, facts latency.
+
+    bench/run.py [--runs 3] [--steps ready,noop,facts,scale] [--scale 2,4,8] [--variants NAME,...]
+    bench/run.py --report        render bench/results/RESULTS.md again from results.json
+
+Runs on the lab (`make lab-up`, which `make bench` does first). Everything the playbooks run is a
+snapshot of the collection taken when the benchmark starts (bench/results/tree), so edits made to
+the working tree meanwhile do not mix into the numbers. Every timed run starts from nothing
+running (teardown playbook first, not timed); playbook and floor alternate within each round
+(F P, P F, F P, ...) so that both see the same machine. Results: bench/results/results.json and
+RESULTS.md; logs and per-task timelines of every run in bench/results/logs/.
+Variants are patches under bench/patches/ applied to a copy of the snapshot, measured beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib  # noqa: E402
+import report  # noqa: E402
+import timeline  # noqa: E402
+
+ROOT = benchlib.ROOT
+BENCH = ROOT / "bench"
+RESULTS = BENCH / "results"
+LOGS = RESULTS / "logs"
+VENV_BIN = ROOT / ".venv" / "bin"
+# What the playbooks need from the collection; copied at the start, so the run measures one tree.
+TREE_PARTS = ["galaxy.yml", "meta", "plugins", "roles", "playbooks"]
+RAY_ONLY = {"image_ref": "{{ lab_ray_image }}", "image_require_vllm": False, "gpulab_vllm_serve": False}
+PLAYBOOK_TIMEOUT = 1800
+
+
+def log(msg: str) -> None:
+    print("bench: %s" % msg, flush=True)
+
+
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    total = after[1] - before[1]
+    return round((after[0] - before[0]) / total, 3) if total else None
+
+
+class Tree:
+    """A copy of the collection (optionally patched) that playbooks run from."""
+
+    def __init__(self, name: str, patch: Path | None = None):
+        self.name = name
+        self.base = RESULTS / "trees" / name
+        self.path = self.base / "ansible_collections" / "gpulab" / "vllm"
+        shutil.rmtree(self.base, ignore_errors=True)
+        self.path.mkdir(parents=True)
+        for part in TREE_PARTS:
+            source = ROOT / part
+            if source.is_dir():
+                shutil.copytree(source, self.path / part, ignore=shutil.ignore_patterns("__pycache__"))
+            elif source.exists():
+                shutil.copy2(source, self.path / part)
+        inventory = self.path / "inventories" / "local_lab"
+        shutil.copytree(ROOT / "inventories" / "local_lab" / "group_vars", inventory / "group_vars")
+        # hosts.yml is rewritten by every `make lab-up`: follow the live one.
+        (inventory / "hosts.yml").symlink_to(benchlib.INVENTORY)
+        self.inventory = inventory
+        if patch is not None:
+            subprocess.run(["patch", "-p1", "-s", "-d", str(self.path), "-i", str(patch)], check=True)
+
+    def describe(self) -> dict:
+        paths = TREE_PARTS + ["inventories/local_lab/group_vars"]
+        status = subprocess.run(["git", "-C", str(ROOT), "status", "--short", "--", *paths], capture_output=True, text=True, check=False).stdout
+        digest = hashlib.sha256()
+        for path in sorted(p for p in self.path.rglob("*") if p.is_file() and not p.is_symlink()):
+            digest.update(str(path.relative_to(self.path)).encode())
+            digest.update(path.read_bytes())
+        return {"name": self.name, "uncommitted": status.splitlines(), "sha256": digest.hexdigest()[:16]}
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        RESULTS.mkdir(mode=0o700, parents=True, exist_ok=True)
+        LOGS.mkdir(mode=0o700, exist_ok=True)
+        self.results_file = RESULTS / "results.json"
+        self.results = {"started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "runs": args.runs}
+        self.tree = Tree("snapshot")
+        self.results["tree"] = self.tree.describe()
+        self.counter = 0
+        self.results["machine"] = benchlib.machine_description(self.nodes()[0] if benchlib.INVENTORY.exists() else None)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def save(self) -> None:
+        self.results_file.write_text(json.dumps(self.results, indent=1, sort_keys=True))
+        (RESULTS / "RESULTS.md").write_text(report.render(self.results))
+
+    def _label(self, what: str) -> str:
+        self.counter += 1
+        return "%03d-%s" % (self.counter, what)
+
+    # ------------------------------------------------------------------ lab
+    def nodes(self) -> list[benchlib.Node]:
+        return benchlib.lab_nodes(benchlib.read_inventory())
+
+    def lab_up(self, nodes: int, images: str) -> float:
+        log("lab-up NODES=%d LAB_IMAGES=%r" % (nodes, images))
+        started = time.monotonic()
+        with open(LOGS / self._label("lab-up-%d.log" % nodes), "w") as out:
+            subprocess.run(["make", "-C", str(ROOT), "lab-up", "NODES=%d" % nodes, "LAB_IMAGES=%s" % images],
+                           stdout=out, stderr=subprocess.STDOUT, check=True)
+        return round(time.monotonic() - started, 1)
+
+    # ------------------------------------------------------------------ ansible
+    def ansible_env(self, tree: Tree, timeline_file: Path) -> dict:
+        env = dict(os.environ)
+        env.update({
+            "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"),
+            "ANSIBLE_COLLECTIONS_PATH": str(tree.base),
+            "ANSIBLE_CALLBACK_PLUGINS": str(BENCH / "callback_plugins"),
+            "ANSIBLE_CALLBACKS_ENABLED": "ansible.posix.profile_tasks,bench_timeline",
+            "PROFILE_TASKS_TASK_OUTPUT_LIMIT": "40",
+            "BENCH_TIMELINE": str(timeline_file),
+            "ANSIBLE_FORCE_COLOR": "0",
+            "PATH": "%s:%s" % (VENV_BIN, env.get("PATH", "")),
+        })
+        return env
+
+    def playbook(self, name: str, extra: dict | None = None, tree: Tree | None = None, what: str = "") -> dict:
+        tree = tree or self.tree
+        label = self._label("%s-%s" % (what or Path(name).stem, tree.name))
+        timeline_file = LOGS / (label + ".jsonl")
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(tree.inventory), str(tree.path / "playbooks" / name)]
+        if extra:
+            argv += ["-e", json.dumps(extra)]
+        cpu = cpu_times()
+        launched = time.time()
+        started = time.monotonic()
+        with open(LOGS / (label + ".log"), "w") as out:
+            proc = subprocess.run(argv, cwd=ROOT, env=self.ansible_env(tree, timeline_file), stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=PLAYBOOK_TIMEOUT, check=False)
+        wall = time.monotonic() - started
+        parsed = timeline.read(timeline_file) if timeline_file.exists() else timeline.parse([])
+        result = {
+            "label": label, "rc": proc.returncode, "wall_s": round(wall, 3), "launched": launched, "cpu_busy": busy_share(cpu, cpu_times()),
+            "changed": parsed["changed"], "failed": parsed["failed"],
+            "startup_s": round(parsed["first_event"] - launched, 3) if parsed["first_event"] else None,
+            "profile": timeline.task_profile(parsed),
+        }
+        gate_at, gate_host = timeline.result_time(parsed, "gpulab.vllm.ray_cluster_facts")
+        if gate_at is not None:
+            result["gate_passed_at"] = gate_at
+            result["gate_wait"] = gate_host.get("ray_wait")
+        log("%s: rc=%d %.1fs changed=%d" % (label, proc.returncode, wall, parsed["changed"]))
+        return result
+
+    def teardown(self) -> None:
+        result = self.playbook("teardown.yml", what="teardown")
+        if result["rc"] != 0:
+            raise RuntimeError("teardown failed, see %s.log" % (LOGS / result["label"]))
+
+    # ------------------------------------------------------------------ Ray and the floor
+    def ray_nodes(self) -> list[dict]:
+        """Ray's own node table (with each node's start time), read with the collection's GCS reader."""
+        ray_state = benchlib.load_module("_ray_state", self.tree.path / "plugins" / "module_utils" / "_ray_state.py")
+        head = self.nodes()[0]
+        proc = benchlib.docker(head, "exec", "gpulab-ray-head", "python3", "-c", ray_state.GCS_READER_SCRIPT, "auto", "5", check=False)
+        return ray_state.interpret_reader_run(proc.returncode, proc.stdout, proc.stderr, head.name)["nodes"]
+
+    @staticmethod
+    def last_registration(nodes: list[dict]) -> float:
+        return max(n["start_time_ms"] for n in nodes if n["state"] == "ALIVE") / 1000.0
+
+    def record_spec(self, name: str) -> Path:
+        """What the roles started (docker inspect) and the firewall they set, as the floor's input."""
+        inventory = benchlib.read_inventory()
+        secrets = benchlib.inventory_secrets(inventory)
+        nodes = benchlib.lab_nodes(inventory)
+        binds = set()
+        raw = {}
+        for node in nodes:
+            ids = benchlib.docker(node, "ps", "-q", "--filter", "label=" + benchlib.ROLE_LABEL).stdout.split()
+            raw[node.name] = json.loads(benchlib.docker(node, "inspect", *ids).stdout) if ids else []
+            binds |= {b.split(":", 1)[0] for doc in raw[node.name] for b in doc["HostConfig"].get("Binds") or []}
+        secret_files = benchlib.find_secret_files(sorted(b for b in binds if b.startswith("/")), secrets)
+        entries = []
+        for node in nodes:
+            rules = benchlib.firewall_rules(benchlib.in_netns(node, ["iptables", "-S"], check=True).stdout)
+            entries.append({"name": node.name, "containers": benchlib.record_containers(node, secrets, secret_files), "firewall": rules})
+        specs = [c for entry in entries for c in entry["containers"]]
+        group_vars = benchlib.read_inventory(self.tree.inventory / "group_vars" / "all.yml")
+        spec = {"nodes": entries, "expect": benchlib.expected_cluster(specs), "pull": group_vars.get("image_pull") == "always"}
+        path = RESULTS / ("spec-%s.json" % name)
+        path.write_text(json.dumps(spec, indent=1))
+        path.chmod(0o600)
+        return path
+
+    def parity(self, spec_path: Path) -> list[str]:
+        """Differences between the containers running now and the recorded spec; empty when the same."""
+        recorded = json.loads(spec_path.read_text())
+        inventory = benchlib.read_inventory()
+        secrets = benchlib.inventory_secrets(inventory)
+        secret_files = {f["path"]: f["secret"] for e in recorded["nodes"] for c in e["containers"] for f in c["secret_files"]}
+        diffs = []
+        for entry, node in zip(recorded["nodes"], benchlib.lab_nodes(inventory)):
+            now = benchlib.record_containers(node, secrets, secret_files)
+            for want, have in zip(entry["containers"], now):
+                diffs += ["%s/%s: %s" % (node.name, want["name"], key) for key in want if want[key] != have.get(key)]
+            if len(now) != len(entry["containers"]):
+                diffs.append("%s: %d containers, recorded %d" % (node.name, len(now), len(entry["containers"])))
+        return diffs
+
+    def floor(self, spec_path: Path, tree: Tree | None = None) -> dict:
+        tree = tree or self.tree
+        label = self._label("floor")
+        cpu = cpu_times()
+        started = time.monotonic()
+        proc = subprocess.run([sys.executable, str(BENCH / "floor.py"), "--spec", str(spec_path), "--collection", str(tree.path)],
+                              capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT, check=False)
+        wall = time.monotonic() - started
+        (LOGS / (label + ".log")).write_text(proc.stdout + proc.stderr)
+        out = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {"ok": False, "error": proc.stderr[-300:]}
+        result = {"label": label, "rc": proc.returncode, "wall_s": round(wall, 3), "cpu_busy": busy_share(cpu, cpu_times()),
+                  "marks": out.get("marks"), "error": out.get("error")}
+        if out.get("ok"):
+            gate = out["gate"]
+            result["gate_reaction_s"] = round(gate["at"] - self.last_registration(gate["nodes"]), 3)
+            result["gate_polls"] = gate["polls"]
+            result["parity_diffs"] = self.parity(spec_path)
+        log("%s: rc=%d %.1fs" % (label, proc.returncode, wall))
+        return result
+
+    def timed_deploy(self, name: str, extra: dict | None = None, tree: Tree | None = None) -> dict:
+        self.teardown()
+        result = self.playbook(name, extra, tree, what="deploy")
+        if result["rc"] == 0 and "gate_passed_at" in result:
+            result["gate_reaction_s"] = round(result["gate_passed_at"] - self.last_registration(self.ray_nodes()), 3)
+        return result
+
+    def side_by_side(self, name: str, extra: dict | None, spec_path: Path) -> list[dict]:
+        """Rounds of one playbook run and one floor run, alternating which goes first; the last run is the playbook's."""
+        rounds = []
+        for index in range(self.args.runs):
+            order = ["floor", "playbook"] if index % 2 == 0 else ["playbook", "floor"]
+            pair = {}
+            for which in order:
+                if which == "playbook":
+                    pair["playbook"] = self.timed_deploy(name, extra)
+                else:
+                    self.teardown()
+                    pair["floor"] = self.floor(spec_path)
+            pair["order"] = order
+            rounds.append(pair)
+        return rounds
+
+    # ------------------------------------------------------------------ the measures
+    def step_ready(self) -> None:
+        """1 and 2: time to ready, playbook against floor, and the gate's reaction, on two nodes with vLLM."""
+        self.lab_up(2, "ray vllm")
+        warm = self.timed_deploy("deploy_qwen35.yml")
+        if warm["rc"] != 0:
+            raise RuntimeError("the warm-up deploy failed; see %s.log" % (LOGS / warm["label"]))
+        spec = self.record_spec("qwen35")
+        self.results["ready"] = {"warmup": warm, "rounds": []}
+        self.save()
+        self.results["ready"]["rounds"] = self.side_by_side("deploy_qwen35.yml", None, spec)
+        self.results["images"] = sorted({c["image"] for e in json.loads(spec.read_text())["nodes"] for c in e["containers"]})
+        self.results["ray_version"] = benchlib.docker(self.nodes()[0], "exec", "gpulab-ray-head", "ray", "--version").stdout.strip()
+        self.save()
+
+    def step_noop(self) -> None:
+        """3: re-run on the healthy two-node cluster the last playbook run left."""
+        self.results["noop"] = [self.playbook("deploy_qwen35.yml", what="noop") for run_index in range(self.args.runs)]
+        self.save()
+
+    def step_facts(self) -> None:
+        """5: the facts module (ad hoc, and its own read time) against `ray status` in the head container."""
+        ray_state = benchlib.load_module("_ray_state", self.tree.path / "plugins" / "module_utils" / "_ray_state.py")
+        head = self.nodes()[0]
+        samples = {"module_adhoc_s": [], "module_read_s": [], "reader_exec_s": [], "ray_status_s": []}
+        for sample_index in range(max(self.args.runs, 5)):
+            label = self._label("facts")
+            timeline_file = LOGS / (label + ".jsonl")
+            env = self.ansible_env(self.tree, timeline_file)
+            env["ANSIBLE_LOAD_CALLBACK_PLUGINS"] = "1"
+            started = time.monotonic()
+            with open(LOGS / (label + ".log"), "w") as out:
+                subprocess.run([str(VENV_BIN / "ansible"), "ray_head", "-i", str(self.tree.inventory), "-m", "gpulab.vllm.ray_cluster_facts",
+                                "-a", json.dumps({"container": "gpulab-ray-head"})], cwd=ROOT, env=env, stdout=out,
+                               stderr=subprocess.STDOUT, check=True, timeout=300)
+            samples["module_adhoc_s"].append(round(time.monotonic() - started, 3))
+            host = timeline.result_time(timeline.read(timeline_file), "gpulab.vllm.ray_cluster_facts")[1]
+            samples["module_read_s"].append((host or {}).get("ray_wait", {}).get("elapsed"))
+            for key, argv in (("reader_exec_s", ["python3", "-c", ray_state.GCS_READER_SCRIPT, "auto", "5"]), ("ray_status_s", ["ray", "status"])):
+                started = time.monotonic()
+                benchlib.docker(head, "exec", "gpulab-ray-head", *argv)
+                samples[key].append(round(time.monotonic() - started, 3))
+        self.results["facts"] = samples
+        self.save()
+
+    def step_scale(self) -> None:
+        """4: Ray-only deploy with more lab nodes, playbook and floor side by side at each size."""
+        self.results["scale"] = {}
+        for nodes in self.args.scale:
+            lab_s = self.lab_up(nodes, "ray")
+            extra = dict(RAY_ONLY, gate_expected_gpus=nodes)
+            warm = self.timed_deploy("deploy.yml", extra)
+            if warm["rc"] != 0:
+                raise RuntimeError("the warm-up Ray deploy on %d nodes failed; see %s.log" % (nodes, LOGS / warm["label"]))
+            spec = self.record_spec("ray-%d" % nodes)
+            entry = {"lab_up_s": lab_s, "warmup": warm, "rounds": []}
+            self.results["scale"][str(nodes)] = entry
+            self.save()
+            entry["rounds"] = self.side_by_side("deploy.yml", extra, spec)
+            self.save()
+
+    def step_variants(self) -> None:
+        """Proposed role changes (bench/patches/NAME.diff), each beside the snapshot: Ray-only deploy and its no-op, two nodes."""
+        self.lab_up(2, "ray vllm")
+        trees = [self.tree]
+        for name in self.args.variants:
+            try:
+                trees.append(Tree(name, BENCH / "patches" / (name + ".diff")))
+            except subprocess.CalledProcessError:
+                log("variant %s: the patch does not apply to the snapshot; skipped" % name)
+        self.results["variants"] = {t.name: {"tree": t.describe(), "deploy": [], "noop": []} for t in trees}
+        extra = dict(RAY_ONLY, gate_expected_gpus=2)
+        for index in range(self.args.runs):
+            for tree in trees if index % 2 == 0 else list(reversed(trees)):
+                entry = self.results["variants"][tree.name]
+                entry["deploy"].append(self.timed_deploy("deploy.yml", extra, tree))
+                entry["noop"].append(self.playbook("deploy.yml", extra, tree, what="noop"))
+                self.save()
+
+    def finish(self) -> None:
+        """Leave the lab as the benchmark found it by default: two nodes, both images, nothing running."""
+        self.lab_up(2, "ray vllm")
+        self.teardown()
+        self.results["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        self.results["machine"]["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
+        self.save()
+
+
+STEPS = ("ready", "noop", "facts", "scale", "variants")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="timed runs of each kind (3 or more)")
+    parser.add_argument("--steps", default="ready,noop,facts,scale", help="comma-separated, from %s" % ", ".join(STEPS))
+    parser.add_argument("--scale", default="2,4,8", help="lab sizes for the Ray-only deploy")
+    parser.add_argument("--variants", default="", help="patches under bench/patches/ to measure beside the snapshot")
+    parser.add_argument("--report", action="store_true", help="only render RESULTS.md from results.json")
+    args = parser.parse_args(argv)
+    if args.report:
+        (RESULTS / "RESULTS.md").write_text(report.render(json.loads((RESULTS / "results.json").read_text())))
+        return 0
+    args.scale = [int(n) for n in args.scale.split(",") if n]
+    args.variants = [v for v in args.variants.split(",") if v]
+    steps = [s for s in args.steps.split(",") if s]
+    if args.variants and "variants" not in steps:
+        steps.append("variants")
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown or args.runs < 1:
+        parser.error("unknown step(s) %s; choose from %s" % (unknown, ", ".join(STEPS)) if unknown else "--runs must be 1 or more")
+    bench = Bench(args)
+    try:
+        for step in steps:
+            log("step %s" % step)
+            getattr(bench, "step_" + step)()
+    finally:
+        # Whatever happened, the lab goes back to its default shape with nothing running.
+        bench.finish()
+    log("results in %s" % (RESULTS / "RESULTS.md"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

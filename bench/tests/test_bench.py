@@ -1,0 +1,165 @@
+# Copyright: gpulab.vllm contributors
+# Apache License 2.0
+"""Checks of the benchmark code that need no lab: python -m pytest bench/tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(BENCH))
+
+import benchlib  # noqa: E402
+import floor  # noqa: E402
+import report  # noqa: E402
+import timeline  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SECRETS = {"ray_cluster_auth_token": "t" * 64, "vllm_server_api_key": "k" * 64}
+
+
+def test_timeline_of_a_real_playbook_run(tmp_path):
+    """The callback plugin, loaded by ansible-playbook as bench/run.py loads it, writes a timeline parse() reads."""
+    playbook = tmp_path / "play.yml"
+    playbook.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - name: First\n      ansible.builtin.command: 'true'\n      changed_when: false\n"
+        "    - name: Second, changed\n      ansible.builtin.command: 'true'\n"
+        "    - name: Skipped\n      ansible.builtin.debug: {msg: x}\n      when: false\n")
+    out = tmp_path / "timeline.jsonl"
+    env = dict(os.environ, ANSIBLE_CALLBACK_PLUGINS=str(BENCH / "callback_plugins"), ANSIBLE_CALLBACKS_ENABLED="bench_timeline",
+               BENCH_TIMELINE=str(out))
+    env.pop("ANSIBLE_CONFIG", None)
+    ansible = Path(sys.executable).parent / "ansible-playbook"
+    argv = [str(ansible), "-i", "localhost,", "-c", "local", "-e", "ansible_python_interpreter=" + sys.executable, str(playbook)]
+    subprocess.run(argv, env=env, check=True, capture_output=True, cwd=tmp_path)
+    parsed = timeline.read(out)
+    assert [t["task"] for t in parsed["tasks"]] == ["First", "Second, changed", "Skipped"]
+    assert parsed["changed"] == 1 and parsed["failed"] == 0
+    assert parsed["tasks"][2]["hosts"]["localhost"]["status"] == "skipped"
+    assert all(t["duration"] >= 0 for t in parsed["tasks"])
+    at, host = timeline.result_time(parsed, "ansible.builtin.command")
+    assert at == parsed["tasks"][1]["hosts"]["localhost"]["end"] and host["changed"]
+
+
+def test_container_spec_round_trip():
+    inspect = json.loads((FIXTURES / "inspect_vllm_server.json").read_text())
+    spec = benchlib.container_spec(inspect, SECRETS, {"/etc/gpulab-vllm/secrets/ray_token": "ray_cluster_auth_token"})
+    assert ["VLLM_API_KEY", {"secret": "vllm_server_api_key"}] in spec["env"]
+    assert "k" * 64 not in json.dumps(spec)
+    assert spec["secret_files"] == [{"path": "/etc/gpulab-vllm/secrets/ray_token", "secret": "ray_cluster_auth_token"}]
+    argv = benchlib.run_argv(spec, SECRETS)
+    assert argv[:4] == ["run", "-d", "--name", "gpulab-vllm"]
+    assert "VLLM_API_KEY=" + "k" * 64 in argv
+    tail = argv[argv.index("--entrypoint"):]
+    assert tail[:3] == ["--entrypoint", "vllm", inspect["Config"]["Image"]]
+    assert tail[3:] == inspect["Config"]["Cmd"]
+    assert benchlib.vllm_endpoint(spec) == {"port": 8000, "model": "tiny-llama"}
+
+
+def test_namespaces_shared_with_another_container_are_named():
+    inspect = json.loads((FIXTURES / "inspect_vllm_server.json").read_text())
+    inspect["HostConfig"].update(IpcMode="container:abc123", PidMode="container:abc123")
+    spec = benchlib.container_spec(inspect, SECRETS, {}, {"abc123": "gpulab-ray-head"})
+    assert spec["ipc"] == spec["pid"] == "container:gpulab-ray-head"
+    argv = benchlib.run_argv(spec, SECRETS)
+    assert argv[argv.index("--pid") + 1] == "container:gpulab-ray-head"
+
+
+def test_expected_cluster_from_ray_commands():
+    head = {"role": "ray-head", "command": ["start", "--block", "--head", "--port=6379", "--node-ip-address=10.220.0.11", "--num-gpus=1"]}
+    worker = {"role": "ray-worker", "command": ["start", "--block", "--address=10.220.0.11:6379", "--node-ip-address=10.220.0.12", "--num-gpus=1"]}
+    assert benchlib.expected_cluster([head, worker, {"role": "vllm-server", "command": []}]) == {
+        "nodes": 2, "gpus": 2.0, "gcs_address": "10.220.0.11:6379"}
+
+
+def test_firewall_rules_from_iptables_save():
+    rules = benchlib.firewall_rules((FIXTURES / "iptables_S.txt").read_text())
+    assert rules[0] == ["-N", "GPULAB-RAY"]
+    assert rules[-1][0] == "-I" and rules[-1][1] == "INPUT" and rules[-1][-2:] == ["-j", "GPULAB-RAY"]
+    assert any("gpulab ray: fabric" in rule for rule in rules)
+
+
+def test_port_wait_polls_until_the_port_answers():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-c", floor.PORT_WAIT, "127.0.0.1", str(port), "0.2", "5"], timeout=30, check=False)
+    assert proc.returncode == 0
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        free = closed.getsockname()[1]
+    assert subprocess.run([sys.executable, "-c", floor.PORT_WAIT, "127.0.0.1", str(free), "0.2", "0.5"], timeout=30, check=False).returncode == 1
+
+
+def test_gate_loop_polls_the_reader_until_the_cluster_is_complete(tmp_path):
+    # A stand-in for the GCS reader: one node on the first read, two on the next ones.
+    counter = tmp_path / "reads"
+    reader = (
+        "import json, sys, os\n"
+        "path = %r\n"
+        "n = int(open(path).read()) if os.path.exists(path) else 0\n"
+        "open(path, 'w').write(str(n + 1))\n"
+        "nodes = [{'state': 'ALIVE', 'resources': {'GPU': 1.0}, 'start_time_ms': 1000 * (i + 1)} for i in range(1 if n == 0 else 2)]\n"
+        "sys.stdout.write(json.dumps({'reader': 1, 'nodes': nodes, 'error': None}) + '\\n')\n"
+        "sys.exit(0)\n" % str(counter))
+    proc = subprocess.run([sys.executable, "-c", floor.GATE_LOOP, reader, "2", "2", "0.05", "10"], capture_output=True, text=True, timeout=30, check=False)
+    record = json.loads(proc.stdout)
+    assert proc.returncode == 0 and record["ready"] and record["polls"] == 2
+    assert max(n["start_time_ms"] for n in record["nodes"]) == 2000
+
+
+def test_wait_completion_retries_until_a_choice_comes_back():
+    answers = [503, 503, 200]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            assert self.headers["Authorization"] == "Bearer secret"
+            status = answers.pop(0)
+            self.send_response(status)
+            self.end_headers()
+            if status == 200:
+                self.wfile.write(json.dumps({"choices": [{"text": " hi"}]}).encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d/v1/completions" % server.server_address[1]
+        assert floor.wait_completion(url, "m", "secret", 0.05, 10) == {"attempts": 3, "text": " hi"}
+    finally:
+        server.shutdown()
+
+
+def test_summary_and_report_render():
+    assert benchlib.summary([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert benchlib.summary([None])["median"] is None
+    profile = [{"role": "gate", "task": "Wait", "action": "gpulab.vllm.ray_cluster_facts", "duration": 2.0, "host_max": 1.9}]
+    playbook = {"rc": 0, "wall_s": 90.0, "startup_s": 2.0, "gate_reaction_s": 1.5, "profile": profile, "cpu_busy": 0.9}
+    floor_run = {"rc": 0, "wall_s": 80.0, "gate_reaction_s": 0.4, "marks": {"head_started": 1.0, "gate": 5.0}, "parity_diffs": []}
+    results = {
+        "runs": 3, "machine": {"nproc": 2}, "tree": {"sha256": "abc", "uncommitted": []},
+        "ready": {"rounds": [{"playbook": playbook, "floor": floor_run}] * 3},
+        "noop": [dict(playbook, wall_s=8.0, changed=0)] * 3,
+        "scale": {"2": {"rounds": [{"playbook": dict(playbook, wall_s=20.0), "floor": floor_run}]},
+                  "8": {"rounds": [{"playbook": dict(playbook, wall_s=40.0), "floor": floor_run}]}},
+        "facts": {"module_adhoc_s": [3.0], "module_read_s": [0.5], "reader_exec_s": [0.4], "ray_status_s": [2.5]},
+        "variants": {"snapshot": {"deploy": [playbook], "noop": [dict(playbook, wall_s=8.0, changed=0)]}},
+    }
+    text = report.render(results)
+    assert "| 1 | ratio playbook / floor, per round | 1.12 | 1.12 | 1.12 | 3 | <= 1.25 | yes |" in text
+    assert "| 4 | T(8)/T(2), ratio of medians | 2.00 |" in text and "**no**" in text
+    assert "| gate | 2.0 | 2% |" in text
+    assert "identical" in text
+    assert "| snapshot | 90.00 (90.00-90.00) | 1.50 (1.50-1.50) | 8.00 (8.00-8.00) | 0 |" in text
