@@ -290,13 +290,18 @@ def start_node_docker(cfg: LabConfig, name: str) -> None:
     for key in ("run", "exec", "data", "log"):
         d[key].mkdir(parents=True, exist_ok=True)
     sock = d["run"] / "docker.sock"
+    etc = write_node_etc(cfg, name)
     logf = open(d["log"] / f"{name}-dockerd.log", "ab")
     # nsenter --net keeps the host's mounts (ip netns exec would remount /sys and
-    # dockerd would fail); a private UTS namespace gives the node its own hostname.
+    # dockerd would fail); a private UTS namespace gives the node its own hostname,
+    # a private mount namespace its own /etc/hosts and /etc/resolv.conf, which
+    # host-network containers copy.
     cmd = [
         "nsenter", f"--net={netns_path(name)}", "--",
-        "unshare", "--uts", "--",
-        "sh", "-c", 'hostname "$0" && exec "$@"', name,
+        "unshare", "--uts", "--mount", "--propagation", "private", "--",
+        "sh", "-c",
+        'hostname "$0" && mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && shift 2 && exec "$@"',
+        name, str(etc / "hosts"), str(etc / "resolv.conf"),
         "dockerd",
         "--data-root", str(d["data"]),
         "--exec-root", str(d["exec"]),
@@ -309,6 +314,22 @@ def start_node_docker(cfg: LabConfig, name: str) -> None:
     subprocess.Popen(cmd, stdout=logf, stderr=logf, start_new_session=True)
     wait_for(lambda: ok(["docker", "-H", f"unix://{sock}", "info", "--format", "{{.Name}}"]),
              60, f"the Docker daemon of {name} (log: build/lab/logs/{name}-dockerd.log)")
+
+
+def write_node_etc(cfg: LabConfig, name: str) -> Path:
+    """The node's name service, as a lab's hosts file would have it.
+
+    Lab nodes reach no DNS server: without their own names in /etc/hosts, every
+    lookup of a node's name (Ray and vLLM make several) waits for a resolver
+    timeout. The resolver points at the node itself, so other lookups fail at once.
+    """
+    etc = RUN / name / "etc"
+    etc.mkdir(parents=True, exist_ok=True)
+    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+    lines += [f"{cfg.mgmt_ip(i)} {node}" for i, node in enumerate(cfg.node_names, start=1)]
+    (etc / "hosts").write_text("\n".join(lines) + "\n")
+    (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+    return etc
 
 
 def stop_node_docker(name: str) -> None:
@@ -363,9 +384,10 @@ def start_node_sshd(cfg: LabConfig, i: int) -> None:
         "unshare", "--mount", "--uts", "--propagation", "private", "--",
         "sh", "-c",
         # A sysfs mounted here shows the node's own interfaces, so gathered facts are the node's.
-        'hostname "$0" && mount -t sysfs sysfs /sys && mount --bind "$1" /run && mkdir -p /run/sshd'
+        'hostname "$0" && mount -t sysfs sysfs /sys && mount --bind "$3/hosts" /etc/hosts'
+        ' && mount --bind "$3/resolv.conf" /etc/resolv.conf && mount --bind "$1" /run && mkdir -p /run/sshd'
         ' && exec /usr/sbin/sshd -f "$2"',
-        name, str(d["run"]), "/run/sshd_config",
+        name, str(d["run"]), "/run/sshd_config", str(write_node_etc(cfg, name)),
     ]
     run(cmd)
     wait_for(lambda: pid_alive(d["run"] / "sshd.pid") is not None, 15, f"sshd of {name}")

@@ -249,6 +249,26 @@ def _finish(report, problems):
     return report
 
 
+def exited_report(reason):
+    """The report for a server whose container is no longer running: no probe can help."""
+    report = new_report()
+    report["failed_stage"] = "server_exited"
+    report["error"] = reason
+    return report
+
+
+_ERROR_MARKERS = ("Error", "error:", "Exception", "Traceback", "failed")
+
+
+def last_error_line(log_text, limit=_ERROR_TEXT_LIMIT):
+    """The last log line that reads like the cause of a crash, trimmed; None when there is none."""
+    lines = [line.strip() for line in (log_text or "").splitlines() if line.strip()]
+    for line in reversed(lines):
+        if any(marker in line for marker in _ERROR_MARKERS) and not line.startswith(("File ", "^", "Traceback")):
+            return line if len(line) <= limit else line[:limit] + "..."
+    return None
+
+
 def failure_message(report, base_url, wait=None):
     """One line for fail_json."""
     text = "vLLM at %s" % base_url

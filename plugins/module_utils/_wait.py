@@ -39,12 +39,13 @@ def validate_wait_options(timeout, sleep):
     return None
 
 
-def poll_until(probe, is_ready, wait, timeout, sleep, clock=time.monotonic, sleeper=time.sleep):
+def poll_until(probe, is_ready, wait, timeout, sleep, clock=time.monotonic, sleeper=time.sleep, is_hopeless=None):
     """Call ``probe(remaining_seconds)`` until ``is_ready(value)`` or the timeout.
 
     With ``wait`` false the probe runs exactly once. ``remaining_seconds`` is
     ``None`` then (no deadline); with ``wait`` it is the time left before the
-    deadline, at least a small positive number.
+    deadline, at least a small positive number. ``is_hopeless(value)``, when
+    given, ends the wait early: waiting longer cannot help (a server that exited).
     """
     started = clock()
     deadline = started + timeout if wait else None
@@ -55,6 +56,7 @@ def poll_until(probe, is_ready, wait, timeout, sleep, clock=time.monotonic, slee
         polls += 1
         ready = bool(is_ready(value))
         now = clock()
-        if ready or deadline is None or now >= deadline:
+        hopeless = not ready and is_hopeless is not None and bool(is_hopeless(value))
+        if ready or hopeless or deadline is None or now >= deadline:
             return WaitOutcome(value, ready, bool(wait), now - started, polls)
         sleeper(min(sleep, deadline - now))

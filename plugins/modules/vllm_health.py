@@ -37,6 +37,17 @@ options:
       - Served model name that must be in C(/v1/models); also the model of the generation.
       - When not given, any served model will do and the generation uses the first one.
     type: str
+  container:
+    description:
+      - Name of the Docker container that runs the server, on the host where the module runs.
+      - While waiting, a container that is no longer running ends the wait at once with RV(failed_stage)
+        V(server_exited) and the last error line of its log, instead of waiting out O(wait_timeout).
+    type: str
+  docker_cli:
+    description:
+      - The Docker command line client used to watch O(container).
+    type: str
+    default: docker
   api_key:
     description:
       - "API key of the server (vLLM's C(--api-key)), sent as C(Authorization: Bearer <key>)."
@@ -140,7 +151,8 @@ failed_stage:
   description:
     - First stage that failed, null when healthy.
     - V(unreachable) no HTTP answer from C(/health); V(unhealthy) C(/health) or C(/v1/models) answered an error;
-      V(model_missing) the expected model is not served; V(generation_failed) the generation did not produce text.
+      V(model_missing) the expected model is not served; V(generation_failed) the generation did not produce text;
+      V(server_exited) the watched O(container) stopped running.
     - The failure message names every failed stage in order, each with its URL and the server's own text.
   type: str
   returned: always
@@ -214,10 +226,30 @@ MIN_REQUEST_TIMEOUT = 1.0
 class VllmHealthCheck(object):
     """One round of probes per call, with the module's options."""
 
-    def __init__(self, params):
-        self.params = params
+    def __init__(self, module):
+        self.module = module
+        self.params = module.params
+
+    def container_exit(self):
+        """Why the watched container is not running (with its last log lines), or None while it runs."""
+        name = self.params["container"]
+        if not name:
+            return None
+        rc, out, err = self.module.run_command(
+            [self.params["docker_cli"], "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name])
+        if rc != 0:
+            return "container %s is not there (%s)" % (name, (err or out).strip().splitlines()[-1:] or "docker inspect failed")
+        status, _, exit_code = out.strip().partition(" ")
+        if status in ("running", "created", "restarting"):
+            return None
+        rc, logs, _ = self.module.run_command([self.params["docker_cli"], "logs", "--tail", "400", name])
+        return "container %s %s with code %s; %s" % (
+            name, status, exit_code, _vllm_probe.last_error_line(logs) or "see docker logs %s" % name)
 
     def probe(self, remaining):
+        exited = self.container_exit()
+        if exited:
+            return _vllm_probe.exited_report(exited)
         timeout = self.params["request_timeout"]
         if remaining is not None:
             timeout = max(min(timeout, remaining), MIN_REQUEST_TIMEOUT)
@@ -247,6 +279,8 @@ def main():
         wait_timeout=dict(type="int", default=900),
         wait_sleep=dict(type="float", default=2),
         validate_certs=dict(type="bool", default=True),
+        container=dict(type="str"),
+        docker_cli=dict(type="str", default="docker"),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     params = module.params
@@ -260,9 +294,10 @@ def main():
     if problem:
         module.fail_json(msg=problem)
 
-    check = VllmHealthCheck(params)
+    check = VllmHealthCheck(module)
     outcome = poll_until(check.probe, lambda report: report["healthy"], params["wait"],
-                         params["wait_timeout"], params["wait_sleep"])
+                         params["wait_timeout"], params["wait_sleep"],
+                         is_hopeless=lambda report: report["failed_stage"] == "server_exited")
     report = outcome.value
     result = dict(
         changed=False,

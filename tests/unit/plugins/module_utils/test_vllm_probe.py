@@ -184,3 +184,19 @@ def test_full_probe_over_loopback_matches_the_replayed_probe():
     assert report["healthy"]
     for key in ("served_models", "vllm_version", "generated_text"):
         assert report[key] == replayed[key]
+
+
+def test_exited_report_ends_with_the_crash_cause():
+    from ansible_collections.gpulab.vllm.plugins.module_utils._vllm_probe import exited_report, last_error_line
+
+    log = "\n".join([
+        "(APIServer pid=1) INFO 12-02 13:07:49 [api_utils.py:286] non-default args: {'host': '0.0.0.0'}",
+        "(EngineCore pid=23) ERROR 12-02 13:09:08 [core.py:1510]   File \"/opt/venv/lib/python3.11/site-packages/ray/_private/worker.py\"",
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}",
+        "",
+    ])
+    assert last_error_line(log).startswith("RuntimeError: Engine core initialization failed")
+    assert last_error_line("INFO all good\n") is None
+    report = exited_report("container gpulab-vllm exited with code 1; RuntimeError: boom")
+    assert report["failed_stage"] == "server_exited" and not report["healthy"]
+    assert "exited with code 1" in report["error"]

@@ -89,3 +89,18 @@ def test_bad_wait_options_are_named(timeout, sleep, words):
 
 def test_good_wait_options_pass():
     assert validate_wait_options(1, 0.01) is None
+
+
+def test_hopeless_value_ends_the_wait_at_once():
+    from ansible_collections.gpulab.vllm.plugins.module_utils._wait import poll_until
+
+    clock = iter(range(100)).__next__
+    calls = []
+
+    def probe(_remaining):
+        calls.append(1)
+        return "exited" if len(calls) >= 2 else "loading"
+
+    outcome = poll_until(probe, lambda v: v == "ready", True, 60, 1, clock=lambda: float(clock()),
+                         sleeper=lambda _s: None, is_hopeless=lambda v: v == "exited")
+    assert outcome.value == "exited" and not outcome.ready and outcome.polls == 2
