@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The lab in a box: several simulated GPU hosts on one Linux machine.
 
 Each lab node is a network namespace with two interfaces, like a real lab host:
@@ -133,7 +132,7 @@ class LabConfig:
         return f"{self.mgmt_gateway}:{self.registry_port}"
 
     def image_ref(self, key: str, for_nodes: bool = True) -> str:
-        _, repo, tag = LAB_IMAGES[key]
+        repo, tag = LAB_IMAGES[key][1:]
         host = self.registry if for_nodes else f"127.0.0.1:{self.registry_port}"
         return f"{host}/{repo}:{tag}"
 
@@ -145,7 +144,7 @@ def log(msg: str) -> None:
 
 
 def run(cmd: list[str], check: bool = True, capture: bool = True, **kw) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, text=True, capture_output=capture, **kw)
+    proc = subprocess.run(cmd, text=True, capture_output=capture, check=False, **kw)
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout or "").strip().splitlines()
         raise LabError(f"command failed ({proc.returncode}): {' '.join(cmd)}: {detail[-1] if detail else 'no output'}")
@@ -153,7 +152,7 @@ def run(cmd: list[str], check: bool = True, capture: bool = True, **kw) -> subpr
 
 
 def ok(cmd: list[str]) -> bool:
-    return subprocess.run(cmd, capture_output=True).returncode == 0
+    return subprocess.run(cmd, capture_output=True, check=False).returncode == 0
 
 
 def pid_alive(pidfile: Path) -> int | None:
@@ -471,7 +470,7 @@ def ensure_wheelhouse(key: str, folder: Path) -> Path:
 
 
 def ensure_image(cfg: LabConfig, key: str) -> None:
-    folder_name, _, _ = LAB_IMAGES[key]
+    folder_name = LAB_IMAGES[key][0]
     folder = IMAGES_DIR / folder_name
     local_ref = cfg.image_ref(key, for_nodes=False)
     digest = recipe_hash(folder, extra=run(["docker", "image", "inspect", "--format", "{{.Id}}", BASE_IMAGE]).stdout)
@@ -484,11 +483,12 @@ def ensure_image(cfg: LabConfig, key: str) -> None:
         shutil.copytree(house, context / "wheelhouse", copy_function=os.link)
         log(f"building {local_ref} (recipe {digest})")
         started = time.monotonic()
-        proc = subprocess.run(
-            ["docker", "build", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
-             "--label", f"org.gpulab.lab.recipe={digest}", "-t", local_ref, str(context)],
-            stdout=open(BUILD / "lab" / "logs" / f"build-{key}.log", "w"), stderr=subprocess.STDOUT,
-        )
+        with open(BUILD / "lab" / "logs" / f"build-{key}.log", "w") as build_log:
+            proc = subprocess.run(
+                ["docker", "build", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+                 "--label", f"org.gpulab.lab.recipe={digest}", "-t", local_ref, str(context)],
+                stdout=build_log, stderr=subprocess.STDOUT, check=False,
+            )
         if proc.returncode != 0:
             raise LabError(f"building the {key} image failed; see build/lab/logs/build-{key}.log")
         log(f"built {local_ref} in {time.monotonic() - started:.0f}s")
@@ -568,7 +568,7 @@ def check_prerequisites() -> None:
 def up(cfg: LabConfig, images: list[str]) -> None:
     check_prerequisites()
     previous = read_state()
-    wanted = {k: v for k, v in asdict(cfg).items()}
+    wanted = asdict(cfg)
     if previous and previous != wanted:
         log("the lab that is up has other parameters: taking it down first")
         down()

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Run every test stage of gpulab.vllm in order and print one summary line per stage.
 
 Stages: lint (ansible-lint, production profile), sanity (ansible-test on an
@@ -69,7 +68,7 @@ def main(argv: list[str]) -> int:
     print("\nSummary")
     for name, status, elapsed in results:
         print(f"  {name:<20} {'passed' if status == 0 else 'FAILED':<7} {elapsed:7.0f}s")
-    failed = sum(1 for _, status, _ in results if status != 0)
+    failed = sum(1 for result in results if result[1] != 0)
     print(f"stages: {len(results) - failed} passed, {failed} failed")
     return 1 if failed else 0
 

@@ -1,5 +1,5 @@
 # Copyright: gpulab.vllm contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters that turn a host's gathered network facts into its fabric identity."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def fabric_interface(facts: dict, subnet: str, host: str = "this host", expected
                 f"correct fabric_address or fabric_subnet in the inventory"
             )
         pairs = [(iface, addr) for iface, addr in pairs if addr == expected] or pairs
-        if not any(addr == expected for _, addr in pairs):
+        if not any(addr == expected for unused_iface, addr in pairs):
             seen = ", ".join(f"{iface}={addr}" for iface, addr in pairs if iface != "lo") or "none"
             raise AnsibleFilterError(
                 f"{host} has no interface with its fabric_address {expected}: its addresses are {seen}; "
@@ -54,7 +54,7 @@ def fabric_interface(facts: dict, subnet: str, host: str = "this host", expected
             f"{host} has no address on the fabric subnet {network}: its addresses are {seen}; "
             f"bring the fabric interface up or correct the fabric subnet"
         )
-    if len({iface for iface, _ in inside}) > 1:
+    if len({pair[0] for pair in inside}) > 1:
         listed = ", ".join(f"{iface}={addr}" for iface, addr in inside)
         raise AnsibleFilterError(
             f"{host} has several interfaces on the fabric subnet {network} ({listed}); "

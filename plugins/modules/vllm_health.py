@@ -1,7 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, gpulab.vllm maintainers
-# Apache License 2.0 (see LICENSE or https://www.apache.org/licenses/LICENSE-2.0)
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 
 from __future__ import annotations
 
@@ -239,10 +239,10 @@ class VllmHealthCheck(object):
             [self.params["docker_cli"], "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name])
         if rc != 0:
             return "container %s is not there (%s)" % (name, (err or out).strip().splitlines()[-1:] or "docker inspect failed")
-        status, _, exit_code = out.strip().partition(" ")
+        status, unused_sep, exit_code = out.strip().partition(" ")
         if status in ("running", "created", "restarting"):
             return None
-        rc, logs, _ = self.module.run_command([self.params["docker_cli"], "logs", "--tail", "400", name])
+        logs = self.module.run_command([self.params["docker_cli"], "logs", "--tail", "400", name])[1]
         return "container %s %s with code %s; %s" % (
             name, status, exit_code, _vllm_probe.last_error_line(logs) or "see docker logs %s" % name)
 

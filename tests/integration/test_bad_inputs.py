@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,7 +43,7 @@ def _node_docker(node: str, *args: str) -> str:
 
 
 def _in_node(node: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", "netns", "exec", f"gpl-node{node[4:]}", *args], capture_output=True, text=True)
+    return subprocess.run(["ip", "netns", "exec", f"gpl-node{node[4:]}", *args], capture_output=True, text=True, check=False)
 
 
 def snapshot(nodes: list[str]) -> dict:
@@ -65,7 +66,7 @@ def lab():
     if len(nodes) < 2:
         pytest.fail(f"the bad-input suite needs a lab of 2 nodes or more; it has {nodes}")
     teardown = subprocess.run([BIN / "ansible-playbook", "-i", LAB_INVENTORY, ROOT / "playbooks" / "teardown.yml"],
-                              cwd=ROOT, env=_env(), capture_output=True, text=True)
+                              cwd=ROOT, env=_env(), capture_output=True, text=True, check=False)
     assert teardown.returncode == 0, teardown.stdout[-3000:]
     return {"hosts": hosts, "nodes": nodes}
 
@@ -81,7 +82,7 @@ def write_inventory(tmp_path: Path, hosts: dict) -> Path:
 
 def deploy(inventory: Path, *extra: str, playbook: str = "deploy_qwen35.yml") -> subprocess.CompletedProcess:
     cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), str(ROOT / "playbooks" / playbook), *extra]
-    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600, check=False)
 
 
 def error_lines(output: str) -> list[str]:
@@ -193,10 +194,11 @@ def _listen_in_node(node: str, address: str, port: int) -> subprocess.Popen:
         f"s.bind(('{address}',{port}));s.listen();time.sleep(120)"
     )
     proc = subprocess.Popen(["ip", "netns", "exec", f"gpl-node{node[4:]}", sys.executable, "-c", code])
-    for _ in range(50):
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
         if f":{port} " in _in_node(node, "ss", "-Htln").stdout:
             return proc
-        subprocess.run(["sleep", "0.1"])
+        time.sleep(0.1)
     proc.kill()
     pytest.fail(f"could not hold port {port} in {node}")
 
@@ -256,8 +258,8 @@ def test_ray_versions_differ_fails_before_ray_starts(lab, tmp_path):
 
     inventory = write_inventory(tmp_path, _hosts_with(lab, change))
     before = snapshot(lab["nodes"])
-    result = deploy(inventory, "-e", json.dumps({"image_require_vllm": False, "gpulab_vllm_serve": False,
-                                                  "gate_expected_gpus": 2}), playbook="deploy.yml")
+    overrides = {"image_require_vllm": False, "gpulab_vllm_serve": False, "gate_expected_gpus": 2}
+    result = deploy(inventory, "-e", json.dumps(overrides), playbook="deploy.yml")
     after = snapshot(lab["nodes"])
     text = " ".join(error_lines(result.stdout))
     assert result.returncode != 0
