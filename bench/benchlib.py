@@ -1,5 +1,5 @@
 # Copyright: gpulab.vllm contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """What bench/run.py and bench/floor.py share: the lab's nodes, docker on a node, container specs.
 
 A container spec is what `docker inspect` says a container was started with, reduced to what

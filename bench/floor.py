@@ -1,6 +1,5 @@
-#!/usr/bin/env python3
 # Copyright: gpulab.vllm contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """The floor: the same containers the playbook starts, started with no Ansible at all.
 
     floor.py --spec bench/results/spec-qwen35.json [--collection DIR] [--poll 0.2] [--timeout 900]

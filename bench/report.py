@@ -1,5 +1,5 @@
 # Copyright: gpulab.vllm contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Render bench/results/results.json as the Markdown table of RESULTS.md."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-#!/usr/bin/env python3
 # Copyright: gpulab.vllm contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """make bench: time to ready against the floor, gate reaction, no-op re-run, scale, facts latency.
 
     bench/run.py [--runs 3] [--steps ready,noop,facts,scale] [--scale 2,4,8] [--variants NAME,...]

@@ -1,5 +1,5 @@
 # Copyright: gpulab.vllm contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Read the JSON-lines timeline that callback_plugins/bench_timeline.py writes for one playbook run."""
 
 from __future__ import annotations

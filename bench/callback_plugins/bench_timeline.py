@@ -1,5 +1,5 @@
 # Copyright: gpulab.vllm contributors
-# Apache License 2.0
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """Write a timeline of a playbook run (task starts, per-host results, recap) as JSON lines.
 
 Used by bench/run.py only. Enabled with ANSIBLE_CALLBACKS_ENABLED=bench_timeline and
