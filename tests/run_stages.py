@@ -3,7 +3,8 @@
 Stages: lint (ansible-lint, production profile), sanity (ansible-test on an
 ansible_collections/gpulab/vllm tree), unit (pytest on recorded fixtures),
 collection (build the tarball and resolve the modules by FQCN from an install of it),
-then every molecule scenario (each creates and destroys the lab itself).
+lab (the modules and the bad-input suite against the lab), then every molecule
+scenario (each creates and destroys the lab itself).
 
     tests/run_stages.py                 every stage
     tests/run_stages.py unit lint       only these stages
@@ -40,6 +41,9 @@ def stage_commands() -> dict[str, list[list[str]]]:
         "sanity": [["bash", str(ROOT / "tests" / "sanity.sh")]],
         "unit": [[str(VENV_BIN / "python"), "-m", "pytest", "-q", "tests/unit"]],
         "collection": [[str(VENV_BIN / "python"), "-m", "pytest", "-q", "tests/collection"]],
+        # The modules and every bad input against a real lab (both lab images).
+        "lab": [["make", "--no-print-directory", "lab-up", "NODES=2", "LAB_IMAGES=ray vllm"],
+                [str(VENV_BIN / "python"), "-m", "pytest", "-q", "-m", "lab", "tests/integration"]],
     }
     for name in SCENARIOS:
         stages[f"molecule:{name}"] = [[str(VENV_BIN / "molecule"), "test", "-s", name]]

@@ -31,12 +31,10 @@ RAY_PORT = 6380
 HEAD_IP, WORKER_IP = "10.220.0.11", "10.220.0.12"
 VLLM_URL = "http://10.210.0.11:8001"
 HEAD, WORKER, VLLM = "fixture-it-ray-head", "fixture-it-ray-worker", "fixture-it-vllm"
-# What the lab's vLLM image needs on this machine to start (see the report of issue 3):
-# libnuma from the host, no torch compile (no C++ compiler in the image), and a resolver
-# that fails at once instead of timing out on an address the node cannot reach.
+# Settings for a single vLLM server started by hand on a lab node: shared memory, and a
+# resolver that fails at once instead of timing out on an address the node cannot reach.
 VLLM_LAB_WORKAROUNDS = [
     "--shm-size", "1g", "--add-host", "node1:10.210.0.11",
-    "-v", "/usr/lib/x86_64-linux-gnu/libnuma.so.1.0.0:/usr/lib/x86_64-linux-gnu/libnuma.so.1:ro",
     "-v", str(ROOT / "build" / "fixture-lab" / "resolv.conf") + ":/etc/resolv.conf:ro",
     "-e", "VLLM_NO_USAGE_STATS=1",
 ]
@@ -235,21 +233,6 @@ def test_bad_wait_timeout_is_refused(ray_cluster):
     ok, result = run_module("gpulab.vllm.ray_cluster_facts", {"container": HEAD, "wait_timeout": 0})
     assert not ok and result["msg"] == "wait_timeout must be greater than 0, got 0"
 
-
-def test_reading_is_several_times_faster_than_ray_status(ray_cluster):
-    ours, theirs = [], []
-    for _round in range(5):
-        ok, result = run_module("gpulab.vllm.ray_cluster_facts", {"container": HEAD})
-        assert ok, result.get("msg")
-        ours.append(result["ansible_facts"]["ray_cluster"]["wait"]["elapsed"])
-        started = time.monotonic()
-        docker("node1", "exec", HEAD, "ray", "status")
-        theirs.append(time.monotonic() - started)
-    assert statistics.median(ours) < 1.0, ours
-    assert statistics.median(ours) * 2 < statistics.median(theirs), (ours, theirs)
-
-
-# --- vllm_health -------------------------------------------------------------------------------
 
 def test_vllm_wait_reports_how_long_the_server_took(vllm_server):
     ok, result = run_module("gpulab.vllm.vllm_health", {
