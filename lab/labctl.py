@@ -40,6 +40,7 @@ INVENTORY = PROJECT / "inventories" / "local_lab" / "hosts.yml"
 # Runtime state lives on tmpfs with short paths: unix socket paths are limited to 108 bytes.
 RUN = Path("/run/gpulab-lab")
 STATE_FILE = RUN / "state.json"
+NODE_FILES = BUILD / "lab" / "node-files"
 
 NS_PREFIX = "gpl-node"
 MGMT_BRIDGE = "gpl-mgmt"
@@ -331,6 +332,18 @@ def write_node_etc(cfg: LabConfig, name: str) -> Path:
     return etc
 
 
+def clear_node_docker(name: str) -> None:
+    """Remove the node's containers and volumes; keep its images (they are the cache)."""
+    sock = node_dirs(name)["run"] / "docker.sock"
+    if pid_alive(node_dirs(name)["run"] / "docker.pid") is None:
+        return
+    docker = ["docker", "-H", f"unix://{sock}"]
+    ids = run([*docker, "ps", "-aq"], check=False).stdout.split()
+    if ids:
+        run([*docker, "rm", "-f", *ids], check=False)
+    run([*docker, "volume", "prune", "-f"], check=False)
+
+
 def stop_node_docker(name: str) -> None:
     stop_pid(node_dirs(name)["run"] / "docker.pid", timeout=60)
 
@@ -531,6 +544,10 @@ def write_inventory(cfg: LabConfig) -> None:
                 "lab_vllm_image": cfg.image_ref("vllm"),
                 # A real lab keeps these in Ansible Vault; the lab makes its own per machine.
                 **lab_secrets(),
+                # Lab nodes share the machine's disk: the files the roles write go under the lab's
+                # own folder, which `make lab-down` removes.
+                "ray_cluster_secrets_dir": str(NODE_FILES / "secrets"),
+                "vllm_server_config_dir": str(NODE_FILES / "vllm"),
             },
             "children": {
                 "ray_head": {"hosts": {head: hosts[head]}},
@@ -612,6 +629,7 @@ def down() -> None:
         names |= {p.name for p in RUN.iterdir() if p.is_dir() and p.name.startswith("node")}
     for name in sorted(names):
         stop_pid(node_dirs(name)["run"] / "sshd.pid", timeout=10)
+        clear_node_docker(name)
         stop_node_docker(name)
     stop_pid(RUN / "registry.pid", timeout=10)
     # Whatever dockerd did not unmount (a killed daemon), unmount deepest first.
@@ -624,9 +642,10 @@ def down() -> None:
         if ok(["ip", "link", "show", bridge]):
             run(["ip", "link", "del", bridge])
     shutil.rmtree(RUN, ignore_errors=True)
+    shutil.rmtree(NODE_FILES, ignore_errors=True)
     if INVENTORY.exists():
         INVENTORY.unlink()
-    log("down: no namespace, bridge, daemon, sshd, registry or rule of the lab is left"
+    log("down: no namespace, bridge, daemon, sshd, registry, container or rule of the lab is left"
         + ("" if state or names else " (nothing was up)"))
 
 

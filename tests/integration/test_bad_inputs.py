@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 LAB_INVENTORY = ROOT / "inventories" / "local_lab"
 RUN = Path("/run/gpulab-lab")
-TOKEN_FILE = Path("/etc/gpulab-vllm/secrets/ray_token")
 
 
 def _env() -> dict:
@@ -55,7 +54,8 @@ def snapshot(nodes: list[str]) -> dict:
             "volumes": _node_docker(node, "volume", "ls", "-q"),
             "iptables": _in_node(node, "iptables", "-S").stdout,
         }
-    state["token_file"] = TOKEN_FILE.exists()
+    secrets_dir = Path(_lab_hosts()["all"]["vars"]["ray_cluster_secrets_dir"])
+    state["token_file"] = (secrets_dir / "ray_token").exists()
     return state
 
 

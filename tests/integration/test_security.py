@@ -48,7 +48,8 @@ def deployed():
                          cwd=ROOT, env=_env(), capture_output=True, text=True, check=False, timeout=1200)
     assert run.returncode == 0, run.stdout[-4000:]
     yield {"output": run.stdout + run.stderr, "token": lab_vars["ray_cluster_auth_token"],
-           "api_key": lab_vars["vllm_server_api_key"]}
+           "api_key": lab_vars["vllm_server_api_key"], "secrets_dir": Path(lab_vars["ray_cluster_secrets_dir"]),
+           "config_dir": Path(lab_vars["vllm_server_config_dir"])}
     subprocess.run([BIN / "ansible-playbook", "-i", INVENTORY, ROOT / "playbooks" / "teardown.yml"],
                    cwd=ROOT, env=_env(), capture_output=True, check=False)
 
@@ -61,16 +62,17 @@ def test_no_secret_in_the_verbose_output_the_logs_or_the_files(deployed):
         for name in names:
             logs = _docker(node, "logs", name)
             places[f"docker logs {name} on {node}"] = logs.stdout + logs.stderr
-    for path in Path("/etc/gpulab-vllm").rglob("*"):
-        if path.is_file() and path.name != "ray_token":
-            places[str(path)] = path.read_text(errors="replace")
+    for folder in (deployed["secrets_dir"], deployed["config_dir"]):
+        for path in folder.rglob("*") if folder.exists() else []:
+            if path.is_file() and path.name != "ray_token":
+                places[str(path)] = path.read_text(errors="replace")
     for what, secret in secrets.items():
         for place, text in places.items():
             assert secret not in text, f"the {what} appears in {place}"
 
 
 def test_token_file_is_root_only(deployed):
-    token = Path("/etc/gpulab-vllm/secrets/ray_token")
+    token = deployed["secrets_dir"] / "ray_token"
     assert token.stat().st_mode & 0o777 == 0o600
     assert token.parent.stat().st_mode & 0o777 == 0o700
     assert token.stat().st_uid == 0
