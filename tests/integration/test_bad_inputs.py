@@ -18,27 +18,11 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / ".venv" / "bin"
-LAB_INVENTORY = ROOT / "inventories" / "local_lab"
-RUN = Path("/run/gpulab-lab")
-
-
-def _env() -> dict:
-    return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
-                PATH=f"{BIN}:{os.environ['PATH']}")
-
-
-def _lab_hosts() -> dict:
-    path = LAB_INVENTORY / "hosts.yml"
-    if not path.exists():
-        pytest.fail("the lab is not up: run `make lab-up` first (inventories/local_lab/hosts.yml is missing)")
-    return json.loads(path.read_text().split("\n", 1)[1])
+from labkit import BIN, LAB_INVENTORY, ROOT, lab_hosts as _lab_hosts, node_docker, playbook_env as _env
 
 
 def _node_docker(node: str, *args: str) -> str:
-    sock = RUN / node / "run" / "docker.sock"
-    return subprocess.run(["docker", "-H", f"unix://{sock}", *args], capture_output=True, text=True, check=True).stdout
+    return node_docker(node, *args).stdout
 
 
 def _in_node(node: str, *args: str) -> subprocess.CompletedProcess:

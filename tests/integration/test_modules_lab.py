@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import time
 from pathlib import Path

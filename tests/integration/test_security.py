@@ -8,8 +8,6 @@ the API key.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import urllib.error
 import urllib.request
@@ -19,29 +17,12 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-ROOT = Path(__file__).resolve().parents[2]
-BIN = ROOT / ".venv" / "bin"
-INVENTORY = ROOT / "inventories" / "local_lab"
-RUN = Path("/run/gpulab-lab")
-
-
-def _env() -> dict:
-    return dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0",
-                PATH=f"{BIN}:{os.environ['PATH']}")
-
-
-def _docker(node: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    sock = RUN / node / "run" / "docker.sock"
-    return subprocess.run(["docker", "-H", f"unix://{sock}", *args], capture_output=True, text=True,
-                          check=check, timeout=180)
+from labkit import BIN, LAB_INVENTORY as INVENTORY, ROOT, lab_hosts, node_docker as _docker, playbook_env as _env
 
 
 @pytest.fixture(scope="module")
 def deployed():
-    hosts_file = INVENTORY / "hosts.yml"
-    if not hosts_file.exists():
-        pytest.fail("the lab is not up: run `make lab-up` first")
-    lab_vars = json.loads(hosts_file.read_text().split("\n", 1)[1])["all"]["vars"]
+    lab_vars = lab_hosts()["all"]["vars"]
     subprocess.run([BIN / "ansible-playbook", "-i", INVENTORY, ROOT / "playbooks" / "teardown.yml"],
                    cwd=ROOT, env=_env(), capture_output=True, check=True)
     run = subprocess.run([BIN / "ansible-playbook", "-vvv", "-i", INVENTORY, ROOT / "playbooks" / "deploy_qwen35.yml"],
@@ -79,7 +60,7 @@ def test_token_file_is_root_only(deployed):
 
 
 def test_ray_refuses_a_client_without_the_token(deployed):
-    image = json.loads((INVENTORY / "hosts.yml").read_text().split("\n", 1)[1])["all"]["vars"]["lab_ray_image"]
+    image = lab_hosts()["all"]["vars"]["lab_ray_image"]
     code = "import ray; ray.init(address='10.220.0.11:6379', log_to_driver=False); print('CONNECTED')"
     result = _docker("node2", "run", "--rm", "--network", "host", "--entrypoint", "python3", image, "-c", code,
                      check=False)
