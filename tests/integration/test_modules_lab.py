@@ -85,7 +85,7 @@ def wait_for(predicate, timeout, what):
     pytest.fail("%s within %ss" % (what, timeout))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lab():
     if not (INVENTORY / "hosts.yml").exists():
         pytest.fail("the lab is not up: inventories/local_lab/hosts.yml is missing (run `make lab-up`)")
@@ -103,7 +103,7 @@ def start_ray_worker(image):
            "--node-ip-address=%s" % WORKER_IP, "--num-gpus=1")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster(lab):
     image = lab["lab_ray_image"]
     docker("node1", "rm", "-f", HEAD, check=False)
@@ -120,7 +120,7 @@ def ray_cluster(lab):
         docker("node2", "rm", "-f", WORKER, check=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def vllm_server(lab):
     (ROOT / "build" / "fixture-lab").mkdir(parents=True, exist_ok=True)
     (ROOT / "build" / "fixture-lab" / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
