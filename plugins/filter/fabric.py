@@ -1,6 +1,6 @@
 # Copyright: gpulab.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters that turn a host's gathered network facts into its fabric identity."""
+"""Filters that turn a host's network facts (gathered, or read by node_facts) into its fabric identity."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def fabric_interface(facts: dict, subnet: str, host: str = "this host", expected
             f"give each host one fabric interface or narrow the subnet"
         )
     iface, addr = inside[0]
-    info = facts.get(iface.replace("-", "_").replace(".", "_").replace(":", "_"), {}) or {}
+    info = facts.get(iface.replace("-", "_").replace(".", "_").replace(":", "_"), {}) or facts.get(iface, {}) or {}
     if info.get("active") is False:
         raise AnsibleFilterError(
             f"{host}: the fabric interface {iface} ({addr}) is down; bring it up (ip link set {iface} up) "

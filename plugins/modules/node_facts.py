@@ -1,0 +1,236 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: (c) 2026, gpulab.vllm maintainers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: node_facts
+short_description: Read what the deployment needs to know about a node, in one round trip
+version_added: 0.2.0
+description:
+  - Reads, on the node where it runs, everything the roles of this collection decide on before they change
+    anything; one module run instead of one per question, which is most of the time a re-run on a healthy
+    cluster takes.
+  - The collection's containers (those that carry the O(label)) and any container named in O(containers),
+    from the Docker Engine API on O(docker_host); whether each exists and runs, its image ID and labels.
+  - The network interfaces with their IPv4 addresses and link state (from C(ip -j address show)), in the shape of
+    Ansible's gathered network facts, so that a role needs no fact gathering.
+  - The TCP ports that listen on the node (from C(/proc/net/tcp) and C(/proc/net/tcp6) of the node's network
+    namespace).
+  - Whether each of O(paths) exists, the matches of each of O(globs), and the RDMA devices under O(rdma_class).
+  - The rules of each of O(iptables_chains) as C(iptables -S) prints them, so that a role can tell whether its
+    rules are already in place without changing anything.
+  - Owner, group, mode and whether the content matches a given SHA-1 for each of O(files); the checksum is an
+    input, never an output, so that a secret file can be checked without its checksum appearing anywhere.
+  - Reads only; it never changes the node.
+author:
+  - gpulab.vllm maintainers (!UNKNOWN)
+options:
+  docker_host:
+    description:
+      - The Docker daemon to ask, V(unix:///path/to/socket) or V(tcp://host:port) (plain HTTP).
+    type: str
+    default: unix:///var/run/docker.sock
+  label:
+    description:
+      - Every container that carries this label is read, whatever its name.
+    type: str
+    default: org.gpulab.vllm.role
+  containers:
+    description:
+      - Further container names to read; a name that no container has is reported with RV(ansible_facts.gpulab_node.containers.NAME.exists=false).
+    type: list
+    elements: str
+    default: []
+  paths:
+    description:
+      - Paths whose existence to report, for example device nodes.
+    type: list
+    elements: path
+    default: [/dev/nvidia0, /dev/infiniband]
+  globs:
+    description:
+      - Shell patterns whose matches to report, for example the GPU device nodes.
+    type: list
+    elements: str
+    default: ['/dev/nvidia[0-9]*']
+  rdma_class:
+    description:
+      - Folder that lists the node's RDMA devices.
+    type: path
+    default: /sys/class/infiniband
+  iptables_chains:
+    description:
+      - Chains of the C(filter) table to list. A chain that does not exist is reported as V(null).
+    type: list
+    elements: str
+    default: []
+  files:
+    description:
+      - Files (or folders) to describe.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      path:
+        description: The file or folder.
+        type: path
+        required: true
+      sha1:
+        description:
+          - The SHA-1 the file's content should have; RV(ansible_facts.gpulab_node.files.PATH.matches) tells whether it has.
+        type: str
+        no_log: true
+  timeout:
+    description:
+      - Seconds to wait for the Docker daemon and for C(iptables).
+    type: float
+    default: 10
+notes:
+  - Check mode is supported; the module never changes anything.
+"""
+
+EXAMPLES = r"""
+- name: Read the node once, before any role decides anything
+  gpulab.vllm.node_facts:
+    iptables_chains: [INPUT, GPULAB-RAY]
+    files:
+      - path: /etc/gpulab-ray/ray_token
+        sha1: "{{ ray_cluster_auth_token | hash('sha1') }}"
+
+- name: Skip the port check when the Ray head already runs
+  ansible.builtin.assert:
+    that: 6379 not in gpulab_node.listening_tcp_ports
+  when: not (gpulab_node.containers['gpulab-ray-head'].running | default(false))
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: The node as read.
+  returned: always
+  type: complex
+  contains:
+    gpulab_node:
+      description: What was read.
+      type: complex
+      contains:
+        containers:
+          description:
+            - By container name; C(exists), C(running), C(status) (Docker's state), C(image_id), C(labels),
+              C(role) (the value of O(label)), C(started_at), C(exit_code).
+          type: dict
+          sample: {"gpulab-ray-head": {"exists": true, "running": true, "status": "running", "image_id": "sha256:4c1e...",
+                   "labels": {"org.gpulab.vllm.role": "ray-head"}, "role": "ray-head", "started_at": "2026-12-02T15:20:41Z",
+                   "exit_code": 0}}
+        network:
+          description:
+            - C(interfaces), the interface names; and by interface (key as in Ansible's facts, C(eth0_100) for C(eth0.100))
+              C(device), C(active) (administratively up), C(carrier), C(mtu), C(macaddress), C(ipv4) (C(address), C(prefix))
+              when it has an IPv4 address, C(ipv4_secondaries).
+          type: dict
+          sample: {"interfaces": ["lo", "enp1s0f0np0"], "enp1s0f0np0": {"device": "enp1s0f0np0", "active": true, "carrier": true,
+                   "mtu": 1500, "macaddress": "5e:0a:77:1c:02:11", "ipv4": {"address": "10.220.0.12", "prefix": "24"},
+                   "ipv4_secondaries": []}}
+        listening_tcp_ports:
+          description: TCP ports in the LISTEN state on any address, sorted.
+          type: list
+          elements: int
+          sample: [22, 6379, 10001]
+        paths:
+          description: By path of O(paths), whether it exists.
+          type: dict
+          sample: {"/dev/nvidia0": false, "/dev/infiniband": false}
+        globs:
+          description: By pattern of O(globs), the matching paths, sorted.
+          type: dict
+          sample: {"/dev/nvidia[0-9]*": []}
+        rdma_devices:
+          description: Names of the RDMA devices, sorted.
+          type: list
+          elements: str
+          sample: ["mlx5_0", "mlx5_1"]
+        iptables:
+          description:
+            - By chain of O(iptables_chains), its rules as C(iptables -S CHAIN) prints them, or V(null) when it does not exist.
+            - Read from one listing of the C(filter) table.
+          type: dict
+          sample: {"GPULAB-RAY": ["-N GPULAB-RAY", "-A GPULAB-RAY -i lo -p tcp -j ACCEPT"]}
+        files:
+          description: By path of O(files), C(exists), C(isdir), C(mode) (octal string), C(uid), C(gid) and C(matches) (null without O(files[].sha1)).
+          type: dict
+          sample: {"/etc/gpulab-ray/ray_token": {"exists": true, "isdir": false, "mode": "0600", "uid": 0, "gid": 0, "matches": true}}
+"""
+
+import glob
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpulab.vllm.plugins.module_utils._node import (
+    DockerError,
+    describe_file,
+    docker_containers,
+    listening_ports,
+    parse_ip_address_json,
+    split_iptables_listing,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
+            label=dict(type="str", default="org.gpulab.vllm.role"),
+            containers=dict(type="list", elements="str", default=[]),
+            paths=dict(type="list", elements="path", default=["/dev/nvidia0", "/dev/infiniband"]),
+            globs=dict(type="list", elements="str", default=["/dev/nvidia[0-9]*"]),
+            rdma_class=dict(type="path", default="/sys/class/infiniband"),
+            iptables_chains=dict(type="list", elements="str", default=[]),
+            files=dict(type="list", elements="dict", default=[], options=dict(
+                path=dict(type="path", required=True),
+                sha1=dict(type="str", no_log=True),
+            )),
+            timeout=dict(type="float", default=10),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    node = {}
+    try:
+        node["containers"] = docker_containers(params["docker_host"], params["label"], params["containers"], params["timeout"])
+    except DockerError as exc:
+        module.fail_json(msg="cannot read the containers from the Docker daemon at %s: %s; start Docker on this node "
+                             "(systemctl start docker) or point docker_host at its socket" % (params["docker_host"], exc))
+    ip = module.get_bin_path("ip")
+    if ip is None:
+        module.fail_json(msg="this node has no ip command, which node_facts reads the interfaces with; install iproute2")
+    rc, out, err = module.run_command([ip, "-j", "address", "show"])
+    if rc != 0:
+        module.fail_json(msg="ip -j address show failed on this node: %s; install iproute2 4.14 or newer" % (err or out).strip()[-200:])
+    node["network"] = parse_ip_address_json(out)
+    node["listening_tcp_ports"] = listening_ports()
+    node["paths"] = dict((path, os.path.exists(path)) for path in params["paths"])
+    node["globs"] = dict((pattern, sorted(glob.glob(pattern))) for pattern in params["globs"])
+    try:
+        node["rdma_devices"] = sorted(os.listdir(params["rdma_class"]))
+    except OSError:
+        node["rdma_devices"] = []
+    node["iptables"] = {}
+    if params["iptables_chains"]:
+        iptables = module.get_bin_path("iptables")
+        if iptables is None:
+            module.fail_json(msg="iptables_chains was given but this node has no iptables command; install iptables "
+                                 "or leave iptables_chains empty")
+        rc, out, err = module.run_command([iptables, "-w", str(int(params["timeout"])), "-S"])
+        if rc != 0:
+            lines = (err or out).strip().splitlines() or ["no output"]
+            module.fail_json(msg="iptables -S failed on this node: %s; check that iptables works here" % lines[-1])
+        node["iptables"] = split_iptables_listing(out, params["iptables_chains"])
+    node["files"] = dict((item["path"], describe_file(item["path"], item.get("sha1"))) for item in params["files"])
+    module.exit_json(changed=False, ansible_facts={"gpulab_node": node})
+
+
+if __name__ == "__main__":
+    main()
