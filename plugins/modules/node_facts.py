@@ -41,7 +41,8 @@ options:
     default: org.gpulab.vllm.role
   containers:
     description:
-      - Further container names to read; a name that no container has is reported with RV(ansible_facts.gpulab_node.containers.NAME.exists=false).
+      - Further container names to read; a name that no container has is reported in RV(ansible_facts.gpulab_node.containers)
+        with C(exists=false).
     type: list
     elements: str
     default: []
@@ -81,9 +82,9 @@ options:
         required: true
       sha1:
         description:
-          - The SHA-1 the file's content should have; RV(ansible_facts.gpulab_node.files.PATH.matches) tells whether it has.
+          - The SHA-1 the file's content should have; the C(matches) field of the file in RV(ansible_facts.gpulab_node.files)
+            tells whether it has. Never logged.
         type: str
-        no_log: true
   timeout:
     description:
       - Seconds to wait for the Docker daemon and for C(iptables).
