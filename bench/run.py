@@ -11,7 +11,8 @@ the working tree meanwhile do not mix into the numbers. Every timed run starts f
 running (teardown playbook first, not timed); playbook and floor alternate within each round
 (F P, P F, F P, ...) so that both see the same machine. Results: bench/results/results.json and
 RESULTS.md; logs and per-task timelines of every run in bench/results/logs/.
-Variants are patches under bench/patches/ applied to a copy of the snapshot, measured beside it.
+Variants are measured beside the snapshot: a patch under bench/patches/ (NAME) applied to a copy
+of it, or an earlier commit of the collection (rev:COMMIT), e.g. the one before a change.
 """
 
 from __future__ import annotations
@@ -62,13 +63,19 @@ def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float | None:
 class Tree:
     """A copy of the collection (optionally patched) that playbooks run from."""
 
-    def __init__(self, name: str, patch: Path | None = None):
+    def __init__(self, name: str, patch: Path | None = None, revision: str | None = None):
         self.name = name
-        self.base = RESULTS / "trees" / name
+        self.revision = revision
+        self.base = RESULTS / "trees" / name.replace("/", "_").replace(":", "_")
         self.path = self.base / "ansible_collections" / "gpulab" / "vllm"
         shutil.rmtree(self.base, ignore_errors=True)
         self.path.mkdir(parents=True)
-        for part in TREE_PARTS:
+        if revision:
+            # An earlier commit of the collection, measured beside the snapshot (e.g. before a change).
+            archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", revision, "--",
+                                      *[p for p in TREE_PARTS if (ROOT / p).exists()]], capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(self.path)], input=archive, check=True)
+        for part in TREE_PARTS if not revision else []:
             source = ROOT / part
             if source.is_dir():
                 shutil.copytree(source, self.path / part, ignore=shutil.ignore_patterns("__pycache__"))
@@ -83,6 +90,9 @@ class Tree:
             subprocess.run(["patch", "-p1", "-s", "-d", str(self.path), "-i", str(patch)], check=True)
 
     def describe(self) -> dict:
+        if self.revision:
+            commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", self.revision], capture_output=True, text=True, check=True).stdout.strip()
+            return {"name": self.name, "revision": commit, "uncommitted": []}
         paths = TREE_PARTS + ["inventories/local_lab/group_vars"]
         status = subprocess.run(["git", "-C", str(ROOT), "status", "--short", "--", *paths], capture_output=True, text=True, check=False).stdout
         digest = hashlib.sha256()
@@ -334,9 +344,12 @@ class Bench:
         trees = [self.tree]
         for name in self.args.variants:
             try:
-                trees.append(Tree(name, BENCH / "patches" / (name + ".diff")))
+                if name.startswith("rev:"):
+                    trees.append(Tree(name, revision=name[len("rev:"):]))
+                else:
+                    trees.append(Tree(name, BENCH / "patches" / (name + ".diff")))
             except subprocess.CalledProcessError:
-                log("variant %s: the patch does not apply to the snapshot; skipped" % name)
+                log("variant %s: the patch does not apply to the snapshot (or the revision is unknown); skipped" % name)
         self.results["variants"] = {t.name: {"tree": t.describe(), "deploy": [], "noop": []} for t in trees}
         extra = dict(RAY_ONLY, gate_expected_gpus=2)
         for index in range(self.args.runs):
@@ -363,7 +376,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each kind (3 or more)")
     parser.add_argument("--steps", default="ready,noop,facts,scale", help="comma-separated, from %s" % ", ".join(STEPS))
     parser.add_argument("--scale", default="2,4,8", help="lab sizes for the Ray-only deploy")
-    parser.add_argument("--variants", default="", help="patches under bench/patches/ to measure beside the snapshot")
+    parser.add_argument("--variants", default="", help="patches under bench/patches/ (NAME) or commits (rev:COMMIT) to measure beside the snapshot")
     parser.add_argument("--report", action="store_true", help="only render RESULTS.md from results.json")
     args = parser.parse_args(argv)
     if args.report:

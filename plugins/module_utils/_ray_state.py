@@ -162,6 +162,20 @@ def main(argv):
         "/ray.rpc.InternalKVGcsService/InternalKVGet",
         request_serializer=gcs_service_pb2.InternalKVGetRequest.SerializeToString,
         response_deserializer=gcs_service_pb2.InternalKVGetReply.FromString)
+    until = json.loads(argv[3]) if len(argv) > 3 and argv[3] else None
+    polls = 0
+    while True:
+        polls += 1
+        document = read_once(grpc, gcs_service_pb2, get_all_nodes, kv_get, metadata, rpc_timeout, address, version)
+        document["polls"] = polls
+        left = until["for"] - (time.monotonic() - STARTED) if until else 0
+        kind = (document.get("error") or {}).get("kind")
+        if until is None or kind == "auth" or left < until["interval"] or ready(document, until):
+            emit(document)
+        time.sleep(until["interval"])
+
+
+def read_once(grpc, gcs_service_pb2, get_all_nodes, kv_get, metadata, rpc_timeout, address, version):
     base = {"gcs_address": address, "ray_version": version}
     try:
         reply = get_all_nodes(gcs_service_pb2.GetAllNodeInfoRequest(), timeout=rpc_timeout, metadata=metadata)
@@ -170,9 +184,11 @@ def main(argv):
     except grpc.RpcError as exc:
         code = exc.code()
         kind = {"UNAUTHENTICATED": "auth", "PERMISSION_DENIED": "auth"}.get(code.name, "gcs_unreachable")
-        fail(kind, "GCS at %s answered %s: %s" % (address, code.name, exc.details()), **base)
+        base["error"] = {"kind": kind, "message": "GCS at %s answered %s: %s" % (address, code.name, exc.details())}
+        return base
     if reply.status.code != 0:
-        fail("gcs_error", "GCS at %s refused the node list: %s" % (address, reply.status.message), **base)
+        base["error"] = {"kind": "gcs_error", "message": "GCS at %s refused the node list: %s" % (address, reply.status.message)}
+        return base
     autoscaler = None
     if status.status.code == 0 and status.value:
         try:
@@ -182,7 +198,17 @@ def main(argv):
     base["nodes"] = [node_record(info) for info in reply.node_info_list]
     base["autoscaler_status"] = autoscaler
     base["error"] = None
-    emit(base)
+    return base
+
+
+def ready(document, until):
+    """The cluster has what the caller waits for (the caller checks again, with pending nodes)."""
+    if document.get("error"):
+        return False
+    alive = [node for node in document["nodes"] if node["state"] == "ALIVE"]
+    gpus = sum(float(node["resources"].get("GPU", 0)) for node in alive)
+    return (set(until.get("ips") or []) <= set(node["node_ip"] for node in alive)
+            and len(alive) >= (until.get("nodes") or 0) and gpus >= (until.get("gpus") or 0))
 
 
 main(sys.argv)
@@ -215,9 +241,16 @@ class ReaderError(Exception):
         return self.kind in TRANSIENT_ERRORS
 
 
-def reader_argv(python, gcs_address, rpc_timeout, docker_cli=None, container=None):
-    """The command line that runs the reader, in the container when one is named."""
+def reader_argv(python, gcs_address, rpc_timeout, docker_cli=None, container=None, until=None):
+    """The command line that runs the reader, in the container when one is named.
+
+    With ``until`` ({"ips", "nodes", "gpus", "interval", "for"}) the reader keeps reading, every
+    ``interval`` seconds for up to ``for`` seconds, until the cluster has those nodes and GPUs: one
+    process and one connection for the whole wait instead of one per poll.
+    """
     argv = [python, "-c", GCS_READER_SCRIPT, gcs_address or "auto", "%g" % rpc_timeout]
+    if until is not None:
+        argv.append(json.dumps(until, sort_keys=True))
     if container:
         return [docker_cli, "exec", container] + argv
     return argv

@@ -1,0 +1,462 @@
+"""_node, the helpers of node_facts, on node reads recorded from the 2-node lab (tests/fixtures_record.py node ...)."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+from conftest import FIXTURES, REPO, fixture_names, load_fixture
+from ansible_collections.gpulab.vllm.plugins.filter.fabric import fabric_interface
+from ansible_collections.gpulab.vllm.plugins.module_utils import _node
+
+NODES = fixture_names("node")
+FABRIC_SUBNET = "10.220.0.0/24"
+FABRIC_IF = "enp1s0f0np0"
+# The lab's two networks: management on eth0, fabric on enp1s0f0np0.
+ADDRESSES = {"gpl-node1": {"eth0": "10.210.0.11", FABRIC_IF: "10.220.0.11"},
+             "gpl-node2": {"eth0": "10.210.0.12", FABRIC_IF: "10.220.0.12"}}
+HOST = {"gpl-node1": "node1", "gpl-node2": "node2"}
+CHAINS = ["INPUT", "FORWARD", "OUTPUT", "GPULAB-RAY", "GPULAB-ABSENT"]
+LAB_INVENTORY = REPO / "inventories" / "local_lab" / "hosts.yml"
+
+
+def raw_links(name):
+    return json.loads(load_fixture("node", name)["ip_address"]["stdout"])
+
+
+def network_of(name):
+    return _node.parse_ip_address_json(load_fixture("node", name)["ip_address"]["stdout"])
+
+
+def fabric_up(name):
+    return "UP" in next(link for link in raw_links(name) if link["ifname"] == FABRIC_IF)["flags"]
+
+
+NODES_FABRIC_UP = [name for name in NODES if fabric_up(name)]
+
+
+def with_fabric_link(name, change):
+    """The recorded `ip -j address show` of name with change applied to the fabric link."""
+    links = copy.deepcopy(raw_links(name))
+    change(next(link for link in links if link["ifname"] == FABRIC_IF))
+    return json.dumps(links)
+
+
+def test_fixtures_cover_the_situations():
+    assert {"node1_nothing_deployed", "node2_nothing_deployed", "node1_deployed", "node2_deployed"} <= set(NODES)
+    for name in NODES:
+        record = load_fixture("node", name)
+        assert record["netns"] in ADDRESSES, name
+        for key in ("ip_address", "proc_net_tcp", "proc_net_tcp6", "ss_listening", "iptables"):
+            assert record[key]["rc"] == 0 and record[key]["stdout"], (name, key, record[key]["stderr"])
+        assert record["docker"]["listing"]["status"] == 200, name
+        assert set(record["iptables_chains"]) == set(CHAINS), name
+
+
+# ip -j address show -> network facts
+
+
+@pytest.mark.parametrize("name", NODES)
+def test_interfaces_and_addresses(name):
+    record = load_fixture("node", name)
+    network = network_of(name)
+    links = raw_links(name)
+    assert network["interfaces"] == [link["ifname"] for link in links] == ["lo", "eth0", FABRIC_IF]
+    assert network["lo"]["ipv4"] == {"address": "127.0.0.1", "prefix": "8"}
+    for iface, address in ADDRESSES[record["netns"]].items():
+        assert network[iface]["device"] == iface
+        assert network[iface]["ipv4"] == {"address": address, "prefix": "24"}
+        assert network[iface]["ipv4_secondaries"] == []
+    for link in links:
+        info = network[link["ifname"]]
+        assert (info["mtu"], info["macaddress"]) == (link["mtu"], link["address"])
+        # IPv6 addresses (every link has one when up) are not IPv4 facts.
+        assert not any(":" in entry["address"] for entry in [info.get("ipv4") or {"address": ""}] + info["ipv4_secondaries"])
+
+
+@pytest.mark.parametrize("name", NODES)
+def test_active_and_carrier_follow_the_link_flags_and_operstate(name):
+    network = network_of(name)
+    for link in raw_links(name):
+        info = network[link["ifname"]]
+        assert info["active"] is ("UP" in link["flags"]), link["ifname"]
+        # operstate is the kernel's own verdict; lo says UNKNOWN, as loopback always does.
+        assert info["carrier"] is (link["operstate"] in ("UP", "UNKNOWN")), (link["ifname"], link["operstate"])
+    assert network["lo"]["active"] and network["eth0"]["active"] and network["eth0"]["carrier"]
+
+
+def test_recorded_fabric_down_is_inactive_without_carrier_and_keeps_its_address():
+    if "node2_fabric_down" not in NODES:
+        pytest.skip("no recording of node2 with its fabric interface down")
+    info = network_of("node2_fabric_down")[FABRIC_IF]
+    assert (info["active"], info["carrier"]) == (False, False)
+    assert info["ipv4"]["address"] == "10.220.0.12"
+
+
+def test_link_set_down_is_inactive_without_carrier():
+    # As the kernel shows a link after `ip link set DEV down`: neither UP nor LOWER_UP, operstate DOWN.
+    def set_down(link):
+        link["flags"] = [flag for flag in link["flags"] if flag not in ("UP", "LOWER_UP")]
+        link["operstate"] = "DOWN"
+    info = _node.parse_ip_address_json(with_fabric_link("node2_deployed", set_down))[FABRIC_IF]
+    assert (info["active"], info["carrier"]) == (False, False)
+    assert info["ipv4"] == {"address": "10.220.0.12", "prefix": "24"}
+
+
+def test_interface_names_become_fact_keys_as_in_ansible():
+    assert _node.facts_key("eth0.100") == "eth0_100"
+    assert _node.facts_key("br-lab:1") == "br_lab_1"
+    text = with_fabric_link("node1_deployed", lambda link: link.update(ifname="enp1s0f0np0.100"))
+    network = _node.parse_ip_address_json(text)
+    assert "enp1s0f0np0.100" in network["interfaces"]
+    assert network["enp1s0f0np0_100"]["device"] == "enp1s0f0np0.100"
+    assert fabric_interface(network, FABRIC_SUBNET, "node1")["interface"] == "enp1s0f0np0.100"
+
+
+def test_secondary_addresses_are_kept_in_order():
+    def add(link):
+        link["addr_info"].append({"family": "inet", "local": "10.220.0.111", "prefixlen": 24})
+        link["addr_info"].append({"family": "inet", "local": "10.220.0.112", "prefixlen": 25})
+    info = _node.parse_ip_address_json(with_fabric_link("node1_deployed", add))[FABRIC_IF]
+    assert info["ipv4"]["address"] == "10.220.0.11"
+    assert info["ipv4_secondaries"] == [{"address": "10.220.0.111", "prefix": "24"},
+                                        {"address": "10.220.0.112", "prefix": "25"}]
+
+
+def test_empty_listing_has_no_interfaces():
+    assert _node.parse_ip_address_json("") == {"interfaces": []}
+    assert _node.parse_ip_address_json("[]") == {"interfaces": []}
+
+
+# The fabric filter on node_facts' network
+
+
+@pytest.mark.parametrize("name", NODES_FABRIC_UP)
+def test_fabric_interface_finds_the_fabric_link(name):
+    netns = load_fixture("node", name)["netns"]
+    address = ADDRESSES[netns][FABRIC_IF]
+    network = network_of(name)
+    expected = {"interface": FABRIC_IF, "address": address, "prefix": 24}
+    assert fabric_interface(network, FABRIC_SUBNET, HOST[netns]) == expected
+    assert fabric_interface(network, FABRIC_SUBNET, HOST[netns], address) == expected
+    assert fabric_interface(network, "10.210.0.0/24", HOST[netns]) == {
+        "interface": "eth0", "address": ADDRESSES[netns]["eth0"], "prefix": 24}
+    with pytest.raises(AnsibleFilterError, match="has no address on the fabric subnet 192.168.200.0/24"):
+        fabric_interface(network, "192.168.200.0/24", HOST[netns])
+
+
+@pytest.mark.parametrize("name", NODES_FABRIC_UP)
+def test_fabric_link_without_up_flag_is_down(name):
+    netns = load_fixture("node", name)["netns"]
+    text = with_fabric_link(name, lambda link: link["flags"].remove("UP"))
+    with pytest.raises(AnsibleFilterError) as err:
+        fabric_interface(_node.parse_ip_address_json(text), FABRIC_SUBNET, HOST[netns], ADDRESSES[netns][FABRIC_IF])
+    assert str(err.value) == (
+        "%s: the fabric interface %s (%s) is down; bring it up (ip link set %s up) and check its cable and switch port"
+        % (HOST[netns], FABRIC_IF, ADDRESSES[netns][FABRIC_IF], FABRIC_IF))
+
+
+def test_recorded_fabric_down_fails_as_the_integration_test_expects():
+    if "node2_fabric_down" not in NODES:
+        pytest.skip("no recording of node2 with its fabric interface down")
+    with pytest.raises(AnsibleFilterError, match=re.escape("node2: the fabric interface enp1s0f0np0 (10.220.0.12) is down")):
+        fabric_interface(network_of("node2_fabric_down"), FABRIC_SUBNET, "node2", "10.220.0.12")
+
+
+@pytest.mark.xfail(strict=True, reason="Ansible's facts say active=false when operstate is 'down' (a NIC without "
+                                       "carrier); node_facts' active is the UP flag only, so fabric_interface passes")
+def test_fabric_link_without_carrier_is_down_as_with_gathered_facts():
+    def unplug(link):
+        link["flags"] = ["NO-CARRIER"] + [flag for flag in link["flags"] if flag != "LOWER_UP"]
+        link["operstate"] = "DOWN"
+    network = _node.parse_ip_address_json(with_fabric_link("node2_deployed", unplug))
+    assert (network[FABRIC_IF]["active"], network[FABRIC_IF]["carrier"]) == (True, False)
+    with pytest.raises(AnsibleFilterError, match="is down"):
+        fabric_interface(network, FABRIC_SUBNET, "node2", "10.220.0.12")
+
+
+# /proc/net/tcp{,6} -> listening ports
+
+
+def ss_ports(text):
+    """(IPv4, IPv6) listening ports from `ss -Htln`; IPv6 local addresses are [..] or *."""
+    v4, v6 = set(), set()
+    for line in text.splitlines():
+        local = line.split()[3]
+        address, port = local.rsplit(":", 1)
+        (v6 if address.startswith("[") or address == "*" else v4).add(int(port))
+    return v4, v6
+
+
+@pytest.mark.parametrize("name", NODES)
+def test_listening_ports_agree_with_ss(name):
+    record = load_fixture("node", name)
+    v4, v6 = ss_ports(record["ss_listening"]["stdout"])
+    assert _node.parse_proc_net_tcp(record["proc_net_tcp"]["stdout"]) == v4
+    assert _node.parse_proc_net_tcp(record["proc_net_tcp6"]["stdout"]) == v6
+    assert 22 in v4
+
+
+def test_deployed_nodes_listen_on_rays_ports_and_the_head_on_vllms():
+    ray = {6381, 6382, 6383, 6384, 6385, 6386}
+    head = set(_node.parse_proc_net_tcp(load_fixture("node", "node1_deployed")["proc_net_tcp6"]["stdout"]))
+    head |= _node.parse_proc_net_tcp(load_fixture("node", "node1_deployed")["proc_net_tcp"]["stdout"])
+    worker = _node.parse_proc_net_tcp(load_fixture("node", "node2_deployed")["proc_net_tcp"]["stdout"])
+    worker |= _node.parse_proc_net_tcp(load_fixture("node", "node2_deployed")["proc_net_tcp6"]["stdout"])
+    assert ray | {6379, 8000, 10001, 22} <= head
+    assert ray | {22} <= worker and not {6379, 8000} & worker
+    idle = _node.parse_proc_net_tcp(load_fixture("node", "node1_nothing_deployed")["proc_net_tcp"]["stdout"])
+    assert not (ray | {6379, 8000}) & idle
+
+
+def test_sockets_that_do_not_listen_are_not_ports():
+    # A deployed node has established connections: their local ports are in /proc/net/tcp but are no ports
+    # for ss -l, nor for the parser.
+    for name in ("node1_deployed", "node2_deployed"):
+        record = load_fixture("node", name)
+        connected = set()
+        for key in ("proc_net_tcp", "proc_net_tcp6"):
+            for line in record[key]["stdout"].splitlines()[1:]:
+                fields = line.split()
+                if fields[3] != "0A":
+                    connected.add(int(fields[1].rsplit(":", 1)[1], 16))
+        v4, v6 = ss_ports(record["ss_listening"]["stdout"])
+        only_connected = connected - v4 - v6
+        assert only_connected, name
+        ports = (_node.parse_proc_net_tcp(record["proc_net_tcp"]["stdout"])
+                 | _node.parse_proc_net_tcp(record["proc_net_tcp6"]["stdout"]))
+        assert not only_connected & ports, name
+
+
+def test_listening_ports_reads_both_files_and_skips_a_missing_one(tmp_path):
+    record = load_fixture("node", "node1_deployed")
+    (tmp_path / "tcp").write_text(record["proc_net_tcp"]["stdout"])
+    tcp_only = _node.listening_ports(str(tmp_path))
+    assert tcp_only == sorted(_node.parse_proc_net_tcp(record["proc_net_tcp"]["stdout"]))
+    (tmp_path / "tcp6").write_text(record["proc_net_tcp6"]["stdout"])
+    both = _node.listening_ports(str(tmp_path))
+    assert both == sorted(set(tcp_only) | _node.parse_proc_net_tcp(record["proc_net_tcp6"]["stdout"]))
+    assert len(both) > len(tcp_only)
+    assert _node.listening_ports(str(tmp_path / "absent")) == []
+
+
+def test_header_only_listing_has_no_ports():
+    header = load_fixture("node", "node1_deployed")["proc_net_tcp"]["stdout"].splitlines()[0]
+    assert _node.parse_proc_net_tcp(header + "\n") == set()
+    assert _node.parse_proc_net_tcp("") == set()
+
+
+# iptables -S -> rules per chain
+
+
+@pytest.mark.parametrize("name", NODES)
+def test_split_listing_is_what_iptables_prints_per_chain(name):
+    record = load_fixture("node", name)
+    rules = _node.split_iptables_listing(record["iptables"]["stdout"], CHAINS)
+    for chain in CHAINS:
+        alone = record["iptables_chains"][chain]
+        expected = alone["stdout"].splitlines() if alone["rc"] == 0 else None
+        assert rules[chain] == expected, (name, chain, alone["stderr"])
+    assert rules["GPULAB-ABSENT"] is None
+    assert rules["INPUT"][0] == "-P INPUT ACCEPT"
+
+
+def test_ray_chain_present_when_deployed_absent_otherwise():
+    for name in ("node1_deployed", "node2_deployed"):
+        rules = _node.split_iptables_listing(load_fixture("node", name)["iptables"]["stdout"], CHAINS)
+        assert rules["GPULAB-RAY"][0] == "-N GPULAB-RAY" and len(rules["GPULAB-RAY"]) == 4, name
+        assert [rule for rule in rules["INPUT"] if rule.endswith("-j GPULAB-RAY")], name
+    for name in ("node1_nothing_deployed", "node2_nothing_deployed"):
+        rules = _node.split_iptables_listing(load_fixture("node", name)["iptables"]["stdout"], CHAINS)
+        assert rules["GPULAB-RAY"] is None and rules["INPUT"] == ["-P INPUT ACCEPT"], name
+
+
+def test_ray_cluster_recognises_its_recorded_rules():
+    """The rules ray_cluster compares with (vars/main.yml) are, letter for letter, what the node lists."""
+    wanted = yaml.safe_load((REPO / "roles" / "ray_cluster" / "vars" / "main.yml").read_text())["_ray_cluster_firewall_rules"]
+    for name in ("node1_deployed", "node2_deployed"):
+        rules = _node.split_iptables_listing(load_fixture("node", name)["iptables"]["stdout"], ["GPULAB-RAY"])
+        for rule in wanted["GPULAB-RAY"]:
+            assert rule.replace("{{ fabric_interface }}", FABRIC_IF) in rules["GPULAB-RAY"], (name, rule)
+
+
+def test_rules_of_a_chain_not_asked_for_are_left_out():
+    listing = load_fixture("node", "node1_deployed")["iptables"]["stdout"]
+    assert _node.split_iptables_listing(listing, []) == {}
+    only = _node.split_iptables_listing(listing, ["GPULAB-RAY"])
+    assert list(only) == ["GPULAB-RAY"]
+    assert not any(rule.startswith("-A INPUT") for rule in only["GPULAB-RAY"])
+
+
+# Docker: listing and inspect -> containers
+
+
+def replay_docker(record):
+    """A docker_get that answers each path with the recorded status and body; an unrecorded path fails."""
+    answers = {record["docker"]["listing"]["path"]: record["docker"]["listing"]}
+    answers.update((item["path"], item) for item in record["docker"]["inspect"].values())
+
+    def docker_get(docker_host, path, timeout):
+        assert docker_host == record["docker_host"]
+        return answers[path]["status"], answers[path]["body"]
+
+    return docker_get
+
+
+@pytest.mark.parametrize("name", NODES)
+def test_summaries_agree_with_the_listing(name):
+    record = load_fixture("node", name)
+    listing = record["docker"]["listing"]["body"]
+    for entry in listing:
+        container = entry["Names"][0].lstrip("/")
+        doc = record["docker"]["inspect"][container]
+        assert doc["status"] == 200
+        summary = _node.summarize_inspect(doc["body"], record["label"])
+        assert summary["exists"] is True
+        assert summary["status"] == entry["State"]
+        assert summary["running"] is (entry["State"] == "running")
+        assert summary["image_id"] == entry["ImageID"]
+        assert summary["labels"] == entry["Labels"]
+        assert summary["role"] == entry["Labels"][record["label"]]
+        assert summary["started_at"] == doc["body"]["State"]["StartedAt"]
+        assert summary["exit_code"] == doc["body"]["State"]["ExitCode"]
+        assert set(summary) == set(_node.absent_container())
+
+
+@pytest.mark.parametrize("name", NODES)
+def test_docker_containers_on_the_recorded_daemon(name, monkeypatch):
+    record = load_fixture("node", name)
+    monkeypatch.setattr(_node, "docker_get", replay_docker(record))
+    missing = record["missing_container"]
+    containers = _node.docker_containers(record["docker_host"], record["label"], ["gpulab-ray-head", missing], 10)
+    listed = [entry["Names"][0].lstrip("/") for entry in record["docker"]["listing"]["body"]]
+    assert list(containers) == listed + [n for n in ["gpulab-ray-head", missing] if n not in listed]
+    assert record["docker"]["inspect"][missing]["status"] == 404
+    assert containers[missing] == _node.absent_container()
+    for container, doc in record["docker"]["inspect"].items():
+        if doc["status"] == 404:
+            assert containers[container]["exists"] is False, container
+
+
+def test_deployed_roles_and_states():
+    def containers(name):
+        record = load_fixture("node", name)
+        return dict((c, _node.summarize_inspect(doc["body"], record["label"]) if doc["status"] == 200
+                     else _node.absent_container()) for c, doc in record["docker"]["inspect"].items())
+    head = containers("node1_deployed")
+    assert (head["gpulab-ray-head"]["role"], head["gpulab-ray-head"]["running"]) == ("ray-head", True)
+    assert (head["gpulab-vllm"]["role"], head["gpulab-vllm"]["running"]) == ("vllm-server", True)
+    assert head["gpulab-ray-head"]["image_id"].startswith("sha256:")
+    worker = containers("node2_deployed")
+    assert (worker["gpulab-ray-worker"]["role"], worker["gpulab-ray-worker"]["running"]) == ("ray-worker", True)
+    assert worker["gpulab-ray-head"]["exists"] is False
+    for name in ("node1_nothing_deployed", "node2_nothing_deployed"):
+        assert load_fixture("node", name)["docker"]["listing"]["body"] == []
+        assert containers(name)["gpulab-ray-head"] == _node.absent_container()
+
+
+def test_stopped_container_is_not_running():
+    record = load_fixture("node", "node1_deployed")
+    doc = copy.deepcopy(record["docker"]["inspect"]["gpulab-ray-head"]["body"])
+    doc["State"].update(Status="exited", Running=False, ExitCode=137)
+    summary = _node.summarize_inspect(doc, record["label"])
+    assert (summary["exists"], summary["running"], summary["status"], summary["exit_code"]) == (True, False, "exited", 137)
+    assert _node.summarize_inspect({}, record["label"])["role"] is None
+
+
+def test_absent_container_is_all_empty():
+    absent = _node.absent_container()
+    assert absent["exists"] is False and absent["running"] is False and absent["labels"] == {}
+    assert absent["role"] is None and absent["image_id"] is None
+    absent["labels"]["x"] = "y"
+    assert _node.absent_container()["labels"] == {}
+
+
+def test_daemon_error_names_status_and_message(monkeypatch):
+    record = load_fixture("node", "node1_nothing_deployed")
+    missing = record["docker"]["inspect"][record["missing_container"]]["body"]
+    monkeypatch.setattr(_node, "docker_get", lambda host, path, timeout: (500, missing))
+    with pytest.raises(_node.DockerError, match="listing containers answered HTTP 500: No such container"):
+        _node.docker_containers(record["docker_host"], record["label"], [], 10)
+
+
+def test_daemon_that_cannot_be_asked(tmp_path):
+    with pytest.raises(_node.DockerError, match="must start with unix:// or tcp://"):
+        _node.docker_get("ssh://node1", "/containers/json", 1)
+    with pytest.raises(_node.DockerError, match="No such file or directory"):
+        _node.docker_get("unix://%s" % (tmp_path / "docker.sock"), "/containers/json", 1)
+
+
+# describe_file
+
+
+def sha1_of(data):
+    return hashlib.sha1(data).hexdigest()
+
+
+def test_file_mode_owner_and_matching_content(tmp_path):
+    token = tmp_path / "ray_token"
+    token.write_bytes(b"not-a-real-token\n")
+    token.chmod(0o600)
+    described = _node.describe_file(str(token), sha1_of(b"not-a-real-token\n"))
+    assert described == {"exists": True, "isdir": False, "mode": "0600", "uid": os.getuid(), "gid": os.getgid(),
+                         "matches": True}
+    assert _node.describe_file(str(token), sha1_of(b"not-a-real-token\n").upper())["matches"] is True
+    assert _node.describe_file(str(token), sha1_of(b"another-token\n"))["matches"] is False
+    assert _node.describe_file(str(token))["matches"] is None
+    token.chmod(0o640)
+    assert _node.describe_file(str(token))["mode"] == "0640"
+
+
+def test_missing_file(tmp_path):
+    missing = str(tmp_path / "absent")
+    assert _node.describe_file(missing) == {"exists": False, "isdir": False, "mode": None, "uid": None, "gid": None,
+                                            "matches": None}
+    assert _node.describe_file(missing, sha1_of(b""))["matches"] is False
+
+
+def test_directory(tmp_path):
+    folder = tmp_path / "secrets"
+    folder.mkdir()
+    folder.chmod(0o700)
+    described = _node.describe_file(str(folder), sha1_of(b""))
+    assert (described["exists"], described["isdir"], described["mode"], described["matches"]) == (True, True, "0700", False)
+    assert _node.describe_file(str(folder))["matches"] is None
+
+
+# No secret in a fixture
+
+
+def test_no_fixture_holds_a_current_lab_secret():
+    if not LAB_INVENTORY.exists():
+        pytest.skip("no lab inventory (make lab-up writes it)")
+    values = yaml.safe_load(LAB_INVENTORY.read_text())["all"]["vars"]
+    secrets = [values["ray_cluster_auth_token"], values["vllm_server_api_key"]]
+    assert all(len(secret) >= 16 for secret in secrets)
+    for path in sorted(FIXTURES.rglob("*")):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            for secret in secrets:
+                assert secret not in text, path.relative_to(REPO)
+
+
+def test_secret_environment_is_redacted():
+    seen = []
+    for name in NODES:
+        record = load_fixture("node", name)
+        for container, doc in record["docker"]["inspect"].items():
+            for entry in ((doc["body"] or {}).get("Config") or {}).get("Env") or []:
+                key, _sep, value = entry.partition("=")
+                if key in ("VLLM_API_KEY", "RAY_AUTH_TOKEN", "HF_TOKEN"):
+                    seen.append((name, container, key))
+                    assert value == "REDACTED", (name, container, key)
+    # The vLLM server of the deployed lab has an API key: the check above saw it.
+    assert ("node1_deployed", "gpulab-vllm", "VLLM_API_KEY") in seen
+    assert "docker.inspect.gpulab-vllm.body.Config.Env VLLM_API_KEY" in load_fixture("node", "node1_deployed")["redacted"]
