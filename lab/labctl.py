@@ -523,6 +523,20 @@ def lab_secrets() -> dict:
     return json.loads(path.read_text())
 
 
+def pinned_ref(cfg: LabConfig, key: str) -> str:
+    """The nodes' reference of a lab image, pinned by the digest the registry gave it (as a real lab
+    should pin its images): the roles can then pull only what is missing. The tag when the image was
+    never pushed from this machine."""
+    local = cfg.image_ref(key, for_nodes=False)
+    proc = run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", local], check=False)
+    repo = local.rsplit(":", 1)[0]
+    digests = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else []
+    for entry in digests or []:
+        if entry.startswith(repo + "@"):
+            return cfg.image_ref(key).rsplit(":", 1)[0] + "@" + entry.split("@", 1)[1]
+    return cfg.image_ref(key)
+
+
 def write_inventory(cfg: LabConfig) -> None:
     key = CACHE / "ssh" / "id_ed25519"
     hosts = {}
@@ -540,8 +554,8 @@ def write_inventory(cfg: LabConfig) -> None:
                 "lab_fabric_if": cfg.fabric_if,
                 "lab_mgmt_subnet": cfg.mgmt_subnet,
                 "lab_registry": cfg.registry,
-                "lab_ray_image": cfg.image_ref("ray"),
-                "lab_vllm_image": cfg.image_ref("vllm"),
+                "lab_ray_image": pinned_ref(cfg, "ray"),
+                "lab_vllm_image": pinned_ref(cfg, "vllm"),
                 # A real lab keeps these in Ansible Vault; the lab makes its own per machine.
                 **lab_secrets(),
                 # Lab nodes share the machine's disk: the files the roles write go under the lab's

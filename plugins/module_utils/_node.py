@@ -103,6 +103,20 @@ def docker_containers(docker_host, label, names, timeout):
     return containers
 
 
+def docker_images(docker_host, refs, timeout):
+    """By reference: whether the daemon has the image, its ID and repository digests."""
+    images = {}
+    for ref in refs:
+        status, doc = docker_get(docker_host, "/images/%s/json" % quote(ref, safe="/:@"), timeout)
+        if status == 404:
+            images[ref] = {"present": False, "id": None, "repo_digests": []}
+        elif status == 200:
+            images[ref] = {"present": True, "id": doc.get("Id"), "repo_digests": doc.get("RepoDigests") or []}
+        else:
+            raise DockerError("inspecting image %s answered HTTP %s: %s" % (ref, status, _message(doc)))
+    return images
+
+
 def _message(body):
     return body.get("message") if isinstance(body, dict) and body.get("message") else "no message"
 

@@ -14,6 +14,7 @@ description:
   - Reads, on the node where it runs, everything the roles of this collection decide on before they change
     anything; one module run instead of one per question, which is most of the time a re-run on a healthy
     cluster takes.
+  - Whether the images of O(images) are on the node.
   - The collection's containers (those that carry the O(label)) and any container named in O(containers),
     from the Docker Engine API on O(docker_host); whether each exists and runs, its image ID and labels.
   - The network interfaces with their IPv4 addresses and link state (from C(ip -j address show)), in the shape of
@@ -43,6 +44,13 @@ options:
     description:
       - Further container names to read; a name that no container has is reported in RV(ansible_facts.gpulab_node.containers)
         with C(exists=false).
+    type: list
+    elements: str
+    default: []
+  images:
+    description:
+      - Image references (C(name:tag) or C(name@sha256:...)) whose presence on the node to report, with their
+        image ID; nothing is pulled.
     type: list
     elements: str
     default: []
@@ -135,6 +143,11 @@ ansible_facts:
           sample: {"interfaces": ["lo", "enp1s0f0np0"], "enp1s0f0np0": {"device": "enp1s0f0np0", "active": true, "carrier": true,
                    "mtu": 1500, "macaddress": "5e:0a:77:1c:02:11", "ipv4": {"address": "10.220.0.12", "prefix": "24"},
                    "ipv4_secondaries": []}}
+        images:
+          description: By reference of O(images), C(present), C(id) and C(repo_digests).
+          type: dict
+          sample: {"10.210.0.1:5055/gpulab/ray@sha256:9f2c...": {"present": true, "id": "sha256:2e0f...",
+                   "repo_digests": ["10.210.0.1:5055/gpulab/ray@sha256:9f2c..."]}}
         listening_tcp_ports:
           description: TCP ports in the LISTEN state on any address, sorted.
           type: list
@@ -173,6 +186,7 @@ from ansible_collections.gpulab.vllm.plugins.module_utils._node import (
     DockerError,
     describe_file,
     docker_containers,
+    docker_images,
     listening_ports,
     parse_ip_address_json,
     split_iptables_listing,
@@ -185,6 +199,7 @@ def main():
             docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
             label=dict(type="str", default="org.gpulab.vllm.role"),
             containers=dict(type="list", elements="str", default=[]),
+            images=dict(type="list", elements="str", default=[]),
             paths=dict(type="list", elements="path", default=["/dev/nvidia0", "/dev/infiniband"]),
             globs=dict(type="list", elements="str", default=["/dev/nvidia[0-9]*"]),
             rdma_class=dict(type="path", default="/sys/class/infiniband"),
@@ -201,6 +216,7 @@ def main():
     node = {}
     try:
         node["containers"] = docker_containers(params["docker_host"], params["label"], params["containers"], params["timeout"])
+        node["images"] = docker_images(params["docker_host"], params["images"], params["timeout"])
     except DockerError as exc:
         module.fail_json(msg="cannot read the containers from the Docker daemon at %s: %s; start Docker on this node "
                              "(systemctl start docker) or point docker_host at its socket" % (params["docker_host"], exc))
