@@ -1,8 +1,9 @@
 """Record the unit-test fixtures of gpulab.vllm from the running lab.
 
 This is how every file under tests/unit/fixtures/ray, tests/unit/fixtures/vllm and
-tests/unit/fixtures/node was made; nothing there is written by hand. It needs the lab (make lab-up) and
-the containers of the situation being recorded (see tests/unit/fixtures/README.md).
+tests/unit/fixtures/node was made; nothing there is written by hand. It needs the
+lab (make lab-up) and the containers of the situation being recorded (see
+tests/unit/fixtures/README.md).
 
   ray NAME --docker-host unix:///run/gpulab-lab/node1/run/docker.sock --container fixture-ray-head
       runs the module's own GCS reader (and `ray status` beside it, for

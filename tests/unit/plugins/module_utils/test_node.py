@@ -51,6 +51,7 @@ def with_fabric_link(name, change):
 
 def test_fixtures_cover_the_situations():
     assert {"node1_nothing_deployed", "node2_nothing_deployed", "node1_deployed", "node2_deployed"} <= set(NODES)
+    assert {"node2_fabric_up", "node2_fabric_down"} & set(NODES)
     for name in NODES:
         record = load_fixture("node", name)
         assert record["netns"] in ADDRESSES, name
