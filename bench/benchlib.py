@@ -18,6 +18,7 @@ import platform
 import shlex
 import statistics
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +36,8 @@ def load_module(name: str, path: Path):
     """Import a Python file of the collection or the lab by path (they are not on sys.path)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs: dataclasses look their module up in sys.modules.
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -142,7 +145,8 @@ def container_spec(inspect: dict, secrets: dict, secret_files: dict | None = Non
         "ipc": _namespace_mode(host.get("IpcMode"), names or {}),
         "pid": _namespace_mode(host.get("PidMode"), names or {}),
         "shm_size": host.get("ShmSize"),
-        "ulimits": ["%s=%s:%s" % (u["Name"], u["Soft"], u["Hard"]) for u in host.get("Ulimits") or []],
+        # Sorted: docker keeps the order they were given in, which is not part of the container's setup.
+        "ulimits": sorted("%s=%s:%s" % (u["Name"], u["Soft"], u["Hard"]) for u in host.get("Ulimits") or []),
         "labels": dict(sorted((config.get("Labels") or {}).items())),
         "restart": (host.get("RestartPolicy") or {}).get("Name") or "no",
         "devices": ["%s:%s:%s" % (d["PathOnHost"], d["PathInContainer"], d["CgroupPermissions"]) for d in host.get("Devices") or []],

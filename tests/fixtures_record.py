@@ -145,6 +145,26 @@ def lab_secrets(inventory: Path) -> list[str]:
     return [str(values[name]) for name in LAB_SECRET_VARS if values.get(name)]
 
 
+def scrub_paths(text: str) -> str:
+    """The lab keeps node files and node image stores under this checkout; a fixture shows the paths a real
+    node has instead (the roles' default folder, Docker's data root), and nothing of this machine."""
+    text = re.sub(re.escape(str(REPO / "build" / "cache" / "nodes")) + r"/node\d+/docker", "/var/lib/docker", text)
+    text = text.replace(str(REPO / "build" / "lab" / "node-files"), "/etc/gpulab-vllm")
+    if str(REPO) in text:
+        raise SystemExit("a path of this checkout is left in the recording; extend scrub_paths")
+    return text
+
+
+def lab_image_refs(inventory: Path) -> list[str]:
+    """The lab's image references as the nodes pull them (none when the lab is not up)."""
+    if not inventory.exists():
+        return []
+    import yaml
+
+    values = (yaml.safe_load(inventory.read_text()) or {}).get("all", {}).get("vars", {})
+    return [str(values[name]) for name in ("lab_ray_image", "lab_vllm_image") if values.get(name)]
+
+
 def redact(value, secrets: list[str], where: str, redacted: list[str]):
     """value with every secret replaced by REDACTED; what was replaced is appended to redacted."""
     if isinstance(value, dict):
@@ -228,6 +248,10 @@ def record_node(args: argparse.Namespace) -> dict:
     names += [name for name in args.container + [args.missing] if name not in names]
     inspect = dict((name, docker_api(args.docker_host, "/containers/%s/json" % quote(name, safe="")))
                    for name in names)
+    # The same requests as _node.docker_images: the lab's images (by the inventory's pinned references)
+    # and one the daemon does not have.
+    image_refs = lab_image_refs(args.inventory) + [args.missing_image]
+    images = dict((ref, docker_api(args.docker_host, "/images/%s/json" % quote(ref, safe="/:@"))) for ref in image_refs)
     record = {
         "kind": "node",
         "name": args.name,
@@ -243,7 +267,8 @@ def record_node(args: argparse.Namespace) -> dict:
         "ss_listening": ss_listening,
         "iptables": iptables,
         "iptables_chains": iptables_chains,
-        "docker": {"listing": listing, "inspect": inspect},
+        "missing_image": args.missing_image,
+        "docker": {"listing": listing, "inspect": inspect, "images": images},
     }
     redacted: list[str] = []
     record = redact(record, lab_secrets(args.inventory), "", redacted)
@@ -279,6 +304,8 @@ def main(argv: list[str]) -> int:
                       help="a further container to inspect, listed or not")
     node.add_argument("--missing", default="gpulab-no-such-container",
                       help="a container name that does not exist, for the daemon's 404")
+    node.add_argument("--missing-image", default="10.210.0.1:5055/gpulab/no-such-image:0",
+                      help="an image reference the node does not have, for the daemon's 404")
     node.add_argument("--iptables-chain", action="append", metavar="CHAIN",
                       help="a chain to list on its own too (default: INPUT, FORWARD, OUTPUT, GPULAB-RAY, GPULAB-ABSENT)")
     node.add_argument("--inventory", type=Path, default=LAB_INVENTORY,
@@ -290,7 +317,7 @@ def main(argv: list[str]) -> int:
     record = {"ray": record_ray, "vllm": record_vllm, "node": record_node}[args.kind](args)
     target = FIXTURES / args.kind / (args.name + ".json")
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    target.write_text(scrub_paths(json.dumps(record, indent=2, sort_keys=True)) + "\n")
     print("recorded %s" % target.relative_to(REPO))
     return 0
 

@@ -90,3 +90,16 @@ def test_vllm_without_the_key_gets_401(deployed):
                                      headers={"Authorization": f"Bearer {deployed['api_key']}"})
     with urllib.request.urlopen(request, timeout=10) as answer:
         assert answer.status == 200
+
+
+def test_no_recorded_fixture_holds_this_labs_secrets():
+    """The unit tests' fixtures are recorded from a lab; none may carry the lab's token or key (the
+    recorder redacts them). Checked here, where the lab and its secrets exist."""
+    lab_vars = lab_hosts()["all"]["vars"]
+    secrets = [lab_vars["ray_cluster_auth_token"], lab_vars["vllm_server_api_key"]]
+    fixtures = [path for folder in (ROOT / "tests" / "unit" / "fixtures", ROOT / "bench" / "tests" / "fixtures")
+                for path in sorted(folder.rglob("*")) if path.is_file()]
+    assert len(fixtures) > 10
+    for path in fixtures:
+        text = path.read_text(errors="replace")
+        assert not any(secret in text for secret in secrets), path.relative_to(ROOT)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 
-from conftest import FIXTURES, REPO, fixture_names, load_fixture
+from conftest import REPO, fixture_names, load_fixture
 from ansible_collections.gpulab.vllm.plugins.filter.fabric import fabric_interface
 from ansible_collections.gpulab.vllm.plugins.module_utils import _node
 
@@ -24,7 +24,6 @@ ADDRESSES = {"gpl-node1": {"eth0": "10.210.0.11", FABRIC_IF: "10.220.0.11"},
              "gpl-node2": {"eth0": "10.210.0.12", FABRIC_IF: "10.220.0.12"}}
 HOST = {"gpl-node1": "node1", "gpl-node2": "node2"}
 CHAINS = ["INPUT", "FORWARD", "OUTPUT", "GPULAB-RAY", "GPULAB-ABSENT"]
-LAB_INVENTORY = REPO / "inventories" / "local_lab" / "hosts.yml"
 
 
 def raw_links(name):
@@ -36,10 +35,11 @@ def network_of(name):
 
 
 def fabric_up(name):
-    return "UP" in next(link for link in raw_links(name) if link["ifname"] == FABRIC_IF)["flags"]
+    return next(link for link in raw_links(name) if link["ifname"] == FABRIC_IF)["operstate"] == "UP"
 
 
 NODES_FABRIC_UP = [name for name in NODES if fabric_up(name)]
+IMAGE_NODES = [name for name in NODES if load_fixture("node", name)["docker"].get("images")]
 
 
 def with_fabric_link(name, change):
@@ -50,8 +50,9 @@ def with_fabric_link(name, change):
 
 
 def test_fixtures_cover_the_situations():
-    assert {"node1_nothing_deployed", "node2_nothing_deployed", "node1_deployed", "node2_deployed"} <= set(NODES)
-    assert {"node2_fabric_up", "node2_fabric_down"} & set(NODES)
+    assert {"node1_nothing_deployed", "node2_nothing_deployed", "node1_deployed", "node2_deployed",
+            "node2_fabric_down", "node2_fabric_unplugged"} <= set(NODES)
+    assert IMAGE_NODES == NODES, "every node recording holds the daemon's answers about the lab's images"
     for name in NODES:
         record = load_fixture("node", name)
         assert record["netns"] in ADDRESSES, name
@@ -87,15 +88,14 @@ def test_active_and_carrier_follow_the_link_flags_and_operstate(name):
     network = network_of(name)
     for link in raw_links(name):
         info = network[link["ifname"]]
-        assert info["active"] is ("UP" in link["flags"]), link["ifname"]
+        # Ansible's rule: active unless the kernel says the link is down.
+        assert info["active"] is (link["operstate"] != "DOWN"), link["ifname"]
         # operstate is the kernel's own verdict; lo says UNKNOWN, as loopback always does.
         assert info["carrier"] is (link["operstate"] in ("UP", "UNKNOWN")), (link["ifname"], link["operstate"])
     assert network["lo"]["active"] and network["eth0"]["active"] and network["eth0"]["carrier"]
 
 
 def test_recorded_fabric_down_is_inactive_without_carrier_and_keeps_its_address():
-    if "node2_fabric_down" not in NODES:
-        pytest.skip("no recording of node2 with its fabric interface down")
     info = network_of("node2_fabric_down")[FABRIC_IF]
     assert (info["active"], info["carrier"]) == (False, False)
     assert info["ipv4"]["address"] == "10.220.0.12"
@@ -154,9 +154,14 @@ def test_fabric_interface_finds_the_fabric_link(name):
 
 
 @pytest.mark.parametrize("name", NODES_FABRIC_UP)
-def test_fabric_link_without_up_flag_is_down(name):
+def test_fabric_link_set_down_is_down(name):
     netns = load_fixture("node", name)["netns"]
-    text = with_fabric_link(name, lambda link: link["flags"].remove("UP"))
+
+    def set_down(link):
+        # As the kernel shows a link after `ip link set DEV down`.
+        link["flags"] = [flag for flag in link["flags"] if flag not in ("UP", "LOWER_UP")]
+        link["operstate"] = "DOWN"
+    text = with_fabric_link(name, set_down)
     with pytest.raises(AnsibleFilterError) as err:
         fabric_interface(_node.parse_ip_address_json(text), FABRIC_SUBNET, HOST[netns], ADDRESSES[netns][FABRIC_IF])
     assert str(err.value) == (
@@ -165,20 +170,16 @@ def test_fabric_link_without_up_flag_is_down(name):
 
 
 def test_recorded_fabric_down_fails_as_the_integration_test_expects():
-    if "node2_fabric_down" not in NODES:
-        pytest.skip("no recording of node2 with its fabric interface down")
     with pytest.raises(AnsibleFilterError, match=re.escape("node2: the fabric interface enp1s0f0np0 (10.220.0.12) is down")):
         fabric_interface(network_of("node2_fabric_down"), FABRIC_SUBNET, "node2", "10.220.0.12")
 
 
-@pytest.mark.xfail(strict=True, reason="Ansible's facts say active=false when operstate is 'down' (a NIC without "
-                                       "carrier); node_facts' active is the UP flag only, so fabric_interface passes")
 def test_fabric_link_without_carrier_is_down_as_with_gathered_facts():
     def unplug(link):
         link["flags"] = ["NO-CARRIER"] + [flag for flag in link["flags"] if flag != "LOWER_UP"]
         link["operstate"] = "DOWN"
     network = _node.parse_ip_address_json(with_fabric_link("node2_deployed", unplug))
-    assert (network[FABRIC_IF]["active"], network[FABRIC_IF]["carrier"]) == (True, False)
+    assert (network[FABRIC_IF]["active"], network[FABRIC_IF]["carrier"]) == (False, False)
     with pytest.raises(AnsibleFilterError, match="is down"):
         fabric_interface(network, FABRIC_SUBNET, "node2", "10.220.0.12")
 
@@ -303,6 +304,7 @@ def replay_docker(record):
     """A docker_get that answers each path with the recorded status and body; an unrecorded path fails."""
     answers = {record["docker"]["listing"]["path"]: record["docker"]["listing"]}
     answers.update((item["path"], item) for item in record["docker"]["inspect"].values())
+    answers.update((item["path"], item) for item in record["docker"].get("images", {}).values())
 
     def docker_get(docker_host, path, timeout):
         assert docker_host == record["docker_host"]
@@ -435,19 +437,6 @@ def test_directory(tmp_path):
 # No secret in a fixture
 
 
-def test_no_fixture_holds_a_current_lab_secret():
-    if not LAB_INVENTORY.exists():
-        pytest.skip("no lab inventory (make lab-up writes it)")
-    values = yaml.safe_load(LAB_INVENTORY.read_text())["all"]["vars"]
-    secrets = [values["ray_cluster_auth_token"], values["vllm_server_api_key"]]
-    assert all(len(secret) >= 16 for secret in secrets)
-    for path in sorted(FIXTURES.rglob("*")):
-        if path.is_file():
-            text = path.read_text(errors="replace")
-            for secret in secrets:
-                assert secret not in text, path.relative_to(REPO)
-
-
 def test_secret_environment_is_redacted():
     seen = []
     for name in NODES:
@@ -461,3 +450,44 @@ def test_secret_environment_is_redacted():
     # The vLLM server of the deployed lab has an API key: the check above saw it.
     assert ("node1_deployed", "gpulab-vllm", "VLLM_API_KEY") in seen
     assert "docker.inspect.gpulab-vllm.body.Config.Env VLLM_API_KEY" in load_fixture("node", "node1_deployed")["redacted"]
+
+
+
+@pytest.mark.parametrize("name", IMAGE_NODES)
+def test_docker_images_on_the_recorded_daemon(name, monkeypatch):
+    record = load_fixture("node", name)
+    monkeypatch.setattr(_node, "docker_get", replay_docker(record))
+    refs = list(record["docker"]["images"])
+    images = _node.docker_images(record["docker_host"], refs, 10)
+    assert list(images) == refs
+    assert images[record["missing_image"]] == {"present": False, "id": None, "repo_digests": []}
+    present = [ref for ref in refs if ref != record["missing_image"]]
+    assert present, "the recording holds none of the lab's images"
+    for ref in present:
+        body = record["docker"]["images"][ref]["body"]
+        assert images[ref] == {"present": True, "id": body["Id"], "repo_digests": body["RepoDigests"]}
+        # The lab pins its images by digest: the node knows the image under that very reference.
+        assert ref in images[ref]["repo_digests"]
+        assert images[ref]["id"].startswith("sha256:")
+
+
+def test_recorded_unplugged_cable_is_down_as_ansible_would_say():
+    """The switch side of node2's fabric link down: the node's interface stays administratively up, without
+    carrier, and the kernel calls it down; Ansible's facts would say active=false, and so does node_facts."""
+    link = next(link for link in raw_links("node2_fabric_unplugged") if link["ifname"] == FABRIC_IF)
+    assert "UP" in link["flags"] and "NO-CARRIER" in link["flags"]
+    info = network_of("node2_fabric_unplugged")[FABRIC_IF]
+    assert (info["active"], info["carrier"]) == (False, False)
+    with pytest.raises(AnsibleFilterError, match=re.escape("node2: the fabric interface enp1s0f0np0 (10.220.0.12) is down")):
+        fabric_interface(network_of("node2_fabric_unplugged"), FABRIC_SUBNET, "node2", "10.220.0.12")
+
+
+def test_no_fixture_holds_a_path_of_the_lab_checkout():
+    """The recorders rewrite the lab's folders (node files, node image stores) to a real node's."""
+    folders = [REPO / "tests" / "unit" / "fixtures", REPO / "bench" / "tests" / "fixtures"]
+    fixtures = [path for folder in folders for path in sorted(folder.rglob("*")) if path.is_file()]
+    assert len(fixtures) > 10
+    for path in fixtures:
+        text = path.read_text(errors="replace")
+        for piece in ("/build/cache/", "/build/lab/", str(REPO)):
+            assert piece not in text, (path.relative_to(REPO), piece)
