@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import stat
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 # /proc/net/tcp state column: 0A is LISTEN.
 _TCP_LISTEN = "0A"
@@ -40,8 +40,8 @@ def _connection(docker_host, timeout):
     if docker_host.startswith("unix://"):
         return _UnixConnection(docker_host[len("unix://"):], timeout)
     if docker_host.startswith("tcp://"):
-        host, _sep, port = docker_host[len("tcp://"):].rstrip("/").partition(":")
-        return http.client.HTTPConnection(host, int(port or 2375), timeout=timeout)
+        where = urlsplit(docker_host)
+        return http.client.HTTPConnection(where.hostname, where.port or 2375, timeout=timeout)
     raise DockerError("docker_host must start with unix:// or tcp://, not %r" % docker_host)
 
 
@@ -175,7 +175,9 @@ def parse_ip_address_json(text):
         addresses = [{"address": entry["local"], "prefix": str(entry.get("prefixlen", ""))} for entry in inet]
         info = {
             "device": name,
-            "active": "UP" in flags,
+            # As Ansible's network facts: a link is active unless the kernel says it is down, which it does
+            # for a link set down and for one without carrier (no cable).
+            "active": str(link.get("operstate", "")).upper() != "DOWN",
             "carrier": "NO-CARRIER" not in flags and "LOWER_UP" in flags,
             "mtu": link.get("mtu"),
             "macaddress": link.get("address"),
@@ -194,13 +196,16 @@ def describe_file(path, sha1=None):
     except OSError:
         return {"exists": False, "isdir": False, "mode": None, "uid": None, "gid": None, "matches": False if sha1 else None}
     matches = None
-    if sha1 is not None:
+    if sha1:
         matches = False
         if stat.S_ISREG(info.st_mode):
             digest = hashlib.sha1()
-            with open(path, "rb") as handle:
-                for block in iter(lambda: handle.read(65536), b""):
-                    digest.update(block)
-            matches = digest.hexdigest() == sha1.lower()
+            try:
+                with open(path, "rb") as handle:
+                    for block in iter(lambda: handle.read(65536), b""):
+                        digest.update(block)
+            except OSError:
+                digest = None
+            matches = digest is not None and digest.hexdigest() == sha1.lower()
     return {"exists": True, "isdir": stat.S_ISDIR(info.st_mode), "mode": "%04o" % stat.S_IMODE(info.st_mode),
             "uid": info.st_uid, "gid": info.st_gid, "matches": matches}
