@@ -452,7 +452,6 @@ def test_secret_environment_is_redacted():
     assert "docker.inspect.gpulab-vllm.body.Config.Env VLLM_API_KEY" in load_fixture("node", "node1_deployed")["redacted"]
 
 
-
 @pytest.mark.parametrize("name", IMAGE_NODES)
 def test_docker_images_on_the_recorded_daemon(name, monkeypatch):
     record = load_fixture("node", name)
