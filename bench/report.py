@@ -170,7 +170,7 @@ def floor_section(rounds: list[dict]) -> list[str]:
 def variants_section(variants: dict) -> list[str]:
     if not variants:
         return []
-    out = ["", "## Proposed role changes, measured beside the snapshot (Ray-only `deploy.yml`, 2 nodes)", "",
+    out = ["", "## Variants, measured beside the snapshot in the same rounds (Ray-only `deploy.yml`, 2 nodes)", "",
            "| tree | deploy from nothing (s) | gate reaction (s) | no-op re-run (s) | no-op changed |", "| --- | --- | --- | --- | --- |"]
     for name, entry in variants.items():
         cells = []
@@ -179,6 +179,18 @@ def variants_section(variants: dict) -> list[str]:
             cells.append("%s (%s-%s)" % (_fmt(s["median"]), _fmt(s["min"]), _fmt(s["max"])))
         changed = [r.get("changed") for r in _ok(entry["noop"])]
         out.append("| %s | %s | %s |" % (name, " | ".join(cells), max(changed) if changed else "-"))
+    base = variants.get("snapshot")
+    for name, entry in variants.items():
+        if name == "snapshot" or not base:
+            continue
+        for key, what in (("deploy", "deploy from nothing"), ("noop", "no-op re-run")):
+            pairs = [(a.get("wall_s"), b.get("wall_s")) for a, b in zip(entry[key], base[key])
+                     if a.get("rc") == 0 and b.get("rc") == 0 and b.get("wall_s")]
+            if pairs:
+                ratios = sorted(a / b for a, b in pairs)
+                out.append("")
+                out.append("%s, %s / snapshot, per round: median %s (min %s, max %s, n %d)" % (
+                    what, name, _fmt(_median(ratios)), _fmt(ratios[0]), _fmt(ratios[-1]), len(ratios)))
     return out
 
 

@@ -103,6 +103,37 @@ def docker_containers(docker_host, label, names, timeout):
     return containers
 
 
+def split_log_stream(raw):
+    """The text of a container's log as the Engine API sends it for a container without a TTY: frames of
+    an 8-byte header (stream, 3 zero bytes, big-endian length) and the payload, stdout and stderr
+    interleaved in the order they were written. Raw text (a TTY container) is returned as it is."""
+    if len(raw) < 8 or raw[0] not in (0, 1, 2) or raw[1:4] != b"\x00\x00\x00":
+        return raw.decode("utf-8", "replace")
+    chunks, offset = [], 0
+    while offset + 8 <= len(raw):
+        size = int.from_bytes(raw[offset + 4:offset + 8], "big")
+        chunks.append(raw[offset + 8:offset + 8 + size])
+        offset += 8 + size
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def docker_logs(docker_host, name, tail, timeout):
+    """The last `tail` lines a container wrote to stdout and stderr, in order."""
+    conn = _connection(docker_host, timeout)
+    try:
+        conn.request("GET", "/containers/%s/logs?stdout=1&stderr=1&tail=%d" % (quote(name, safe=""), tail),
+                     headers={"Host": "docker"})
+        response = conn.getresponse()
+        raw = response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise DockerError(str(exc) or exc.__class__.__name__)
+    finally:
+        conn.close()
+    if response.status != 200:
+        raise DockerError("reading the log of %s answered HTTP %s" % (name, response.status))
+    return split_log_stream(raw)
+
+
 def docker_images(docker_host, refs, timeout):
     """By reference: whether the daemon has the image, its ID and repository digests."""
     images = {}

@@ -43,11 +43,12 @@ options:
       - While waiting, a container that is no longer running ends the wait at once with RV(failed_stage)
         V(server_exited) and the last error line of its log, instead of waiting out O(wait_timeout).
     type: str
-  docker_cli:
+  docker_host:
     description:
-      - The Docker command line client used to watch O(container).
+      - The Docker daemon that runs O(container), V(unix:///path/to/socket) or V(tcp://host:port); its state
+        and, once it has exited, its log are read through the Engine API, with no process started per poll.
     type: str
-    default: docker
+    default: unix:///var/run/docker.sock
   api_key:
     description:
       - "API key of the server (vLLM's C(--api-key)), sent as C(Authorization: Bearer <key>)."
@@ -214,9 +215,11 @@ waited:
   sample: {elapsed: 48.2, polls: 23}
 """
 
+from urllib.parse import quote
+
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpulab.vllm.plugins.module_utils import _vllm_probe
+from ansible_collections.gpulab.vllm.plugins.module_utils import _node, _vllm_probe
 from ansible_collections.gpulab.vllm.plugins.module_utils._wait import poll_until, validate_wait_options
 
 # The shortest request timeout a wait hands to a request near its deadline.
@@ -231,25 +234,39 @@ class VllmHealthCheck(object):
         self.params = module.params
 
     def container_exit(self):
-        """Why the watched container is not running (with its last log lines), or None while it runs."""
+        """Why the watched container is not running (with its last log lines), or None while it runs.
+
+        Asked of the Docker Engine API on its socket: a poll while the model loads must not start a
+        process, as the loading server wants every core there is.
+        """
         name = self.params["container"]
         if not name:
             return None
-        rc, out, err = self.module.run_command(
-            [self.params["docker_cli"], "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", name])
-        if rc != 0:
-            return "container %s is not there (%s)" % (name, (err or out).strip().splitlines()[-1:] or "docker inspect failed")
-        status, unused_sep, exit_code = out.strip().partition(" ")
-        if status in ("running", "created", "restarting"):
+        try:
+            http_status, doc = _node.docker_get(self.params["docker_host"], "/containers/%s/json" % quote(name, safe=""), 10)
+        except _node.DockerError:
+            # The daemon did not answer this time: nothing is known, keep waiting for the server.
             return None
-        logs = self.module.run_command([self.params["docker_cli"], "logs", "--tail", "400", name])[1]
+        if http_status == 404:
+            return "container %s is not there (no such container)" % name
+        state = (doc or {}).get("State") or {}
+        status, exit_code = state.get("Status"), state.get("ExitCode")
+        if http_status != 200 or status in ("running", "created", "restarting"):
+            return None
+        try:
+            logs = _node.docker_logs(self.params["docker_host"], name, 400, 10)
+        except _node.DockerError:
+            logs = ""
         return "container %s %s with code %s; %s" % (
             name, status, exit_code, _vllm_probe.last_error_line(logs) or "see docker logs %s" % name)
 
     def probe(self, remaining):
-        exited = self.container_exit()
-        if exited:
-            return _vllm_probe.exited_report(exited)
+        report = self.probe_server(remaining)
+        # The container is looked at only when the server does not answer well: is it still there to wait for?
+        exited = None if report["healthy"] else self.container_exit()
+        return _vllm_probe.exited_report(exited) if exited else report
+
+    def probe_server(self, remaining):
         timeout = self.params["request_timeout"]
         if remaining is not None:
             timeout = max(min(timeout, remaining), MIN_REQUEST_TIMEOUT)
@@ -280,7 +297,7 @@ def main():
         wait_sleep=dict(type="float", default=2),
         validate_certs=dict(type="bool", default=True),
         container=dict(type="str"),
-        docker_cli=dict(type="str", default="docker"),
+        docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     params = module.params

@@ -298,3 +298,29 @@ def test_vllm_dead_engine_is_reported_with_the_servers_own_error(vllm_server):
     assert result["probes"]["models"]["ok"]
     assert result["probes"]["generation"]["status"] == 500
     assert "answered HTTP 500: EngineCore encountered an issue" in result["msg"]
+
+
+def test_vllm_wait_ends_when_the_server_container_exits(lab):
+    """A server that dies while the module waits ends the wait at once, with the server's own last error line,
+    read through the Docker Engine API on the node (not after wait_timeout)."""
+    name = "fixture-it-vllm-exits"
+    docker("node1", "rm", "-f", name, check=False)
+    try:
+        docker("node1", "run", "-d", "--name", name, "--network", "host", *VLLM_LAB_WORKAROUNDS,
+               lab["lab_vllm_image"], "/models/no-such-model", "--port", "8002")
+        ok, result = run_module("gpulab.vllm.vllm_health", {
+            "base_url": "http://10.210.0.11:8002", "container": name, "wait": True, "wait_timeout": 600, "wait_sleep": 0.5})
+        assert not ok and result["failed_stage"] == "server_exited", result
+        assert "container %s exited with code" % name in result["msg"], result["msg"]
+        assert "no-such-model" in result["msg"], result["msg"]
+        assert result["waited"]["elapsed"] < 300, result["waited"]
+    finally:
+        docker("node1", "rm", "-f", name, check=False)
+
+
+def test_vllm_wait_ends_at_once_for_a_container_that_is_not_there(lab):
+    ok, result = run_module("gpulab.vllm.vllm_health", {
+        "base_url": "http://10.210.0.11:8009", "container": "fixture-it-no-such", "wait": True, "wait_timeout": 600})
+    assert not ok and result["failed_stage"] == "server_exited", result
+    assert "container fixture-it-no-such is not there" in result["msg"], result["msg"]
+    assert result["waited"]["polls"] == 1

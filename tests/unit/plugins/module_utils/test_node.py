@@ -14,7 +14,7 @@ from ansible.errors import AnsibleFilterError
 
 from conftest import REPO, fixture_names, load_fixture
 from ansible_collections.gpulab.vllm.plugins.filter.fabric import fabric_interface
-from ansible_collections.gpulab.vllm.plugins.module_utils import _node
+from ansible_collections.gpulab.vllm.plugins.module_utils import _node, _vllm_probe
 
 NODES = fixture_names("node")
 FABRIC_SUBNET = "10.220.0.0/24"
@@ -490,3 +490,31 @@ def test_no_fixture_holds_a_path_of_the_lab_checkout():
         text = path.read_text(errors="replace")
         for piece in ("/build/cache/", "/build/lab/", str(REPO)):
             assert piece not in text, (path.relative_to(REPO), piece)
+
+
+# Container logs as the Engine API sends them (recorded with curl from a vLLM container that exited)
+
+LOG_STREAM = REPO / "tests" / "unit" / "fixtures" / "node" / "logs_vllm_missing_model.stream"
+
+
+def test_log_stream_frames_become_the_containers_text_in_order():
+    raw = LOG_STREAM.read_bytes()
+    assert raw[0] in (1, 2) and raw[1:4] == b"\x00\x00\x00", "the recording is a multiplexed stream"
+    text = _node.split_log_stream(raw)
+    lines = text.splitlines()
+    # Every frame's payload and nothing of the headers: as many bytes as the frames announce.
+    size, offset, frames = 0, 0, 0
+    while offset < len(raw):
+        length = int.from_bytes(raw[offset + 4:offset + 8], "big")
+        size, offset, frames = size + length, offset + 8 + length, frames + 1
+    assert offset == len(raw) and len(text.encode()) == size and frames >= 5
+    assert "\x00" not in text
+    # stderr (the traceback) and stdout (vLLM's own log lines) interleaved as written: the cause is last.
+    assert lines[-1].startswith("huggingface_hub.errors.HFValidationError: Repo id must be in the form")
+    assert any(line.startswith("Traceback (most recent call last):") for line in lines)
+    assert _vllm_probe.last_error_line(text).startswith("huggingface_hub.errors.HFValidationError")
+
+
+def test_log_of_a_tty_container_is_plain_text():
+    assert _node.split_log_stream(b"plain text\n") == "plain text\n"
+    assert _node.split_log_stream(b"") == ""
