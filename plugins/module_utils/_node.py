@@ -45,21 +45,26 @@ def _connection(docker_host, timeout):
     raise DockerError("docker_host must start with unix:// or tcp://, not %r" % docker_host)
 
 
-def docker_get(docker_host, path, timeout):
-    """GET one Engine API path; (status, parsed JSON body or None)."""
+def _docker_raw(docker_host, path, timeout):
+    """GET one Engine API path; (status, body bytes)."""
     conn = _connection(docker_host, timeout)
     try:
         conn.request("GET", path, headers={"Host": "docker"})
         response = conn.getresponse()
-        body = response.read()
+        return response.status, response.read()
     except (OSError, http.client.HTTPException) as exc:
         raise DockerError(str(exc) or exc.__class__.__name__)
     finally:
         conn.close()
+
+
+def docker_get(docker_host, path, timeout):
+    """GET one Engine API path; (status, parsed JSON body or None)."""
+    status, body = _docker_raw(docker_host, path, timeout)
     try:
-        return response.status, json.loads(body) if body else None
+        return status, json.loads(body) if body else None
     except ValueError:
-        raise DockerError("the daemon answered %s with something that is not JSON" % response.status)
+        raise DockerError("the daemon answered %s with something that is not JSON" % status)
 
 
 def summarize_inspect(doc, label):
@@ -119,18 +124,9 @@ def split_log_stream(raw):
 
 def docker_logs(docker_host, name, tail, timeout):
     """The last `tail` lines a container wrote to stdout and stderr, in order."""
-    conn = _connection(docker_host, timeout)
-    try:
-        conn.request("GET", "/containers/%s/logs?stdout=1&stderr=1&tail=%d" % (quote(name, safe=""), tail),
-                     headers={"Host": "docker"})
-        response = conn.getresponse()
-        raw = response.read()
-    except (OSError, http.client.HTTPException) as exc:
-        raise DockerError(str(exc) or exc.__class__.__name__)
-    finally:
-        conn.close()
-    if response.status != 200:
-        raise DockerError("reading the log of %s answered HTTP %s" % (name, response.status))
+    status, raw = _docker_raw(docker_host, "/containers/%s/logs?stdout=1&stderr=1&tail=%d" % (quote(name, safe=""), tail), timeout)
+    if status != 200:
+        raise DockerError("reading the log of %s answered HTTP %s" % (name, status))
     return split_log_stream(raw)
 
 
