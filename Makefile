@@ -12,9 +12,12 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 NODES ?= 2
 FABRIC_SUBNET ?= 10.220.0.0/24
 MGMT_SUBNET ?= 10.210.0.0/24
-FABRIC_IF ?= enp1s0f0np0
+# Empty: one ConnectX-style name per node, all different (see lab/README.md).
+FABRIC_IF ?=
+GPUS_PER_NODE ?= 1
+UNIFIED_MEMORY_NODES ?= node2
 LAB_IMAGES ?= ray vllm
-export NODES FABRIC_SUBNET MGMT_SUBNET FABRIC_IF LAB_IMAGES
+export NODES FABRIC_SUBNET MGMT_SUBNET FABRIC_IF GPUS_PER_NODE UNIFIED_MEMORY_NODES LAB_IMAGES
 
 DEBIAN_PACKAGES := docker.io iptables iputils-ping debootstrap docker-registry openssh-server iproute2 python3-requests
 
@@ -23,7 +26,7 @@ DEBIAN_PACKAGES := docker.io iptables iputils-ping debootstrap docker-registry o
 help:
 	@echo "make demo        set everything up and deploy the tiny model across the local lab"
 	@echo "make test        lint, sanity, unit tests and every molecule scenario"
-	@echo "make lab-up      bring up the lab (NODES, FABRIC_SUBNET, MGMT_SUBNET, FABRIC_IF)"
+	@echo "make lab-up      bring up the lab (NODES, FABRIC_SUBNET, MGMT_SUBNET, FABRIC_IF, GPUS_PER_NODE, UNIFIED_MEMORY_NODES)"
 	@echo "make lab-down    remove the lab"
 	@echo "make bench       benchmarks, results in bench/results/"
 

@@ -13,7 +13,8 @@ own sshd; a registry on the machine serves the lab images to every node.
     labctl.py docker NODE start|stop   start or stop a node's Docker daemon
 
 Parameters come from the environment: NODES, FABRIC_SUBNET, MGMT_SUBNET,
-FABRIC_IF, LAB_REGISTRY_PORT, LAB_IMAGES (which images to build).
+FABRIC_IF (one name for every node, or one per node), GPUS_PER_NODE,
+UNIFIED_MEMORY_NODES, LAB_REGISTRY_PORT, LAB_IMAGES (which images to build).
 Must run as root.
 """
 
@@ -24,6 +25,7 @@ import ipaddress
 import json
 import secrets
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -53,10 +55,25 @@ LAB_IMAGES = {
     "vllm": ("vllm-cpu", "gpulab/vllm-cpu", "0.32.0"),
 }
 MAX_NODES = 8
+# One ConnectX-style fabric interface name per node, all different, as on real labs where the
+# cable sits in another port (or the HCA enumerates elsewhere) on each host.
+DEFAULT_FABRIC_IFS = ("enp1s0f0np0", "enP2p1s0f1np1", "enp1s0f1np1", "enP2p1s0f0np0",
+                      "enp65s0f0np0", "enp65s0f1np1", "enp193s0f0np0", "enp193s0f1np1")
+# The stand-in for the NVIDIA container toolkit's hook (lab/gpu/nvidia_hook.py), installed under the name
+# dockerd looks for in a folder on the PATH of every node's dockerd only.
+GPU_HOOK_SOURCE = Path(__file__).resolve().parent / "gpu" / "nvidia_hook.py"
+GPU_HOOK_NAME = "nvidia-container-runtime-hook"
 
 
 class LabError(Exception):
     """A one-line, actionable error about the lab."""
+
+
+def _int_param(env, name: str, default: int) -> int:
+    try:
+        return int(env.get(name, default))
+    except ValueError as exc:
+        raise LabError(f"{name}={env[name]!r} is not a number") from exc
 
 
 @dataclass
@@ -64,7 +81,10 @@ class LabConfig:
     nodes: int = 2
     fabric_subnet: str = "10.220.0.0/24"
     mgmt_subnet: str = "10.210.0.0/24"
-    fabric_if: str = "enp1s0f0np0"
+    fabric_if: str = " ".join(DEFAULT_FABRIC_IFS)
+    gpus_per_node: int = 1
+    # Nodes whose GPU shares the host's memory (GB10, as in a DGX Spark); the others have their own.
+    unified_memory_nodes: str = "node2"
     registry_port: int = 5055
     node_names: list[str] = field(default_factory=list)
 
@@ -79,7 +99,9 @@ class LabConfig:
             nodes=nodes,
             fabric_subnet=env.get("FABRIC_SUBNET", cls.fabric_subnet),
             mgmt_subnet=env.get("MGMT_SUBNET", cls.mgmt_subnet),
-            fabric_if=env.get("FABRIC_IF", cls.fabric_if),
+            fabric_if=" ".join((env.get("FABRIC_IF") or cls.fabric_if).replace(",", " ").split()),
+            gpus_per_node=_int_param(env, "GPUS_PER_NODE", cls.gpus_per_node),
+            unified_memory_nodes=" ".join(env.get("UNIFIED_MEMORY_NODES", cls.unified_memory_nodes).replace(",", " ").split()),
             registry_port=int(env.get("LAB_REGISTRY_PORT", cls.registry_port)),
         )
         cfg.validate()
@@ -101,10 +123,30 @@ class LabConfig:
             nets[name] = net
         if nets["fabric_subnet"].overlaps(nets["mgmt_subnet"]):
             raise LabError(f"FABRIC_SUBNET={self.fabric_subnet} overlaps MGMT_SUBNET={self.mgmt_subnet}; choose two separate networks")
-        if not (1 <= len(self.fabric_if) <= 15) or "/" in self.fabric_if or " " in self.fabric_if:
-            raise LabError(f"FABRIC_IF={self.fabric_if!r} is not a valid interface name (1 to 15 characters, no '/' or spaces)")
-        if self.fabric_if in ("eth0", "lo"):
-            raise LabError(f"FABRIC_IF={self.fabric_if} collides with the node's management or loopback interface; pick another name")
+        names = self.fabric_if.split()
+        if len(names) != 1 and len(names) < self.nodes:
+            raise LabError(f"FABRIC_IF names {len(names)} interfaces for {self.nodes} nodes; give one name, or one per node")
+        for name in names:
+            if not (1 <= len(name) <= 15) or "/" in name:
+                raise LabError(f"FABRIC_IF: {name!r} is not a valid interface name (1 to 15 characters, no '/')")
+            if name in ("eth0", "lo"):
+                raise LabError(f"FABRIC_IF: {name} collides with the node's management or loopback interface; pick another name")
+        if not 0 <= self.gpus_per_node <= 8:
+            raise LabError(f"GPUS_PER_NODE={self.gpus_per_node} is out of range; use 0..8")
+        # A name beyond NODES is allowed (the default names node2, a one-node lab has none).
+        unknown = [n for n in self.unified_memory_nodes.split()
+                   if not (n.startswith("node") and n[4:].isdigit() and 1 <= int(n[4:]) <= MAX_NODES)]
+        if unknown:
+            raise LabError(f"UNIFIED_MEMORY_NODES names {unknown}, not lab nodes (node1..node{MAX_NODES}); "
+                           f"list lab nodes, or leave it empty")
+
+    def node_fabric_if(self, i: int) -> str:
+        """The fabric interface name of node i (1-based)."""
+        names = self.fabric_if.split()
+        return names[0] if len(names) == 1 else names[i - 1]
+
+    def unified_memory(self, name: str) -> bool:
+        return name in self.unified_memory_nodes.split()
 
     def _host(self, subnet: str, index: int) -> str:
         return str(ipaddress.ip_network(subnet)[index])
@@ -249,7 +291,7 @@ def ensure_node_network(cfg: LabConfig, i: int) -> None:
     run([*nsx, "ip", "link", "set", "lo", "up"])
     for kind, host_if, inner_if, bridge, addr, prefix in (
         ("m", f"gplm{i}", "eth0", MGMT_BRIDGE, cfg.mgmt_ip(i), cfg.prefix),
-        ("f", f"gplf{i}", cfg.fabric_if, FABRIC_BRIDGE, cfg.fabric_ip(i), cfg.fabric_prefix),
+        ("f", f"gplf{i}", cfg.node_fabric_if(i), FABRIC_BRIDGE, cfg.fabric_ip(i), cfg.fabric_prefix),
     ):
         if not ok([*nsx, "ip", "link", "show", inner_if]):
             if ok(["ip", "link", "show", host_if]):
@@ -311,9 +353,26 @@ def start_node_docker(cfg: LabConfig, name: str) -> None:
         "--insecure-registry", cfg.registry,
         "--log-level", "warn",
     ]
-    subprocess.Popen(cmd, stdout=logf, stderr=logf, start_new_session=True)
+    # dockerd looks for the NVIDIA hook on its PATH when it starts and passes its own environment
+    # to the hook: the node's GPUs are described there.
+    env = dict(os.environ)
+    env["PATH"] = f"{install_gpu_hook()}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+    env["GPULAB_LAB_NODE"] = name
+    env["GPULAB_LAB_GPUS"] = str(cfg.gpus_per_node)
+    env["GPULAB_LAB_UNIFIED_MEMORY"] = "1" if cfg.unified_memory(name) else "0"
+    subprocess.Popen(cmd, stdout=logf, stderr=logf, start_new_session=True, env=env)
     wait_for(lambda: ok(["docker", "-H", f"unix://{sock}", "info", "--format", "{{.Name}}"]),
              60, f"the Docker daemon of {name} (log: build/lab/logs/{name}-dockerd.log)")
+
+
+def install_gpu_hook() -> Path:
+    """The folder that holds the lab's NVIDIA hook under the toolkit's program name."""
+    folder = RUN / "gpu-hook"
+    folder.mkdir(parents=True, exist_ok=True)
+    hook = folder / GPU_HOOK_NAME
+    hook.write_text(f"#!/bin/sh\nexec /usr/bin/python3 {shlex.quote(str(GPU_HOOK_SOURCE))} \"$@\"\n")
+    hook.chmod(0o755)
+    return folder
 
 
 def write_node_etc(cfg: LabConfig, name: str) -> Path:
@@ -541,7 +600,8 @@ def write_inventory(cfg: LabConfig) -> None:
     key = CACHE / "ssh" / "id_ed25519"
     hosts = {}
     for i, name in enumerate(cfg.node_names, start=1):
-        hosts[name] = {"ansible_host": cfg.mgmt_ip(i), "lab_fabric_ip": cfg.fabric_ip(i)}
+        hosts[name] = {"ansible_host": cfg.mgmt_ip(i), "lab_fabric_ip": cfg.fabric_ip(i),
+                       "lab_fabric_if": cfg.node_fabric_if(i), "lab_unified_memory": cfg.unified_memory(name)}
     head, workers = cfg.node_names[0], cfg.node_names[1:]
     inventory = {
         "all": {
@@ -551,7 +611,7 @@ def write_inventory(cfg: LabConfig) -> None:
                 "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
                 "ansible_python_interpreter": "/usr/bin/python3",
                 "fabric_subnet": cfg.fabric_subnet,
-                "lab_fabric_if": cfg.fabric_if,
+                "lab_gpus_per_node": cfg.gpus_per_node,
                 "lab_mgmt_subnet": cfg.mgmt_subnet,
                 "lab_registry": cfg.registry,
                 "lab_ray_image": pinned_ref(cfg, "ray"),
@@ -622,7 +682,9 @@ def up(cfg: LabConfig, images: list[str]) -> None:
     for key in images:
         ensure_image(cfg, key)
     write_inventory(cfg)
-    log(f"up: {cfg.nodes} node(s), fabric {cfg.fabric_subnet} on {cfg.fabric_if}, "
+    fabric = ", ".join(f"{n}={cfg.node_fabric_if(i)}" for i, n in enumerate(cfg.node_names, start=1))
+    log(f"up: {cfg.nodes} node(s), fabric {cfg.fabric_subnet} on {fabric}, {cfg.gpus_per_node} lab GPU(s) per node"
+        f"{', unified memory on ' + cfg.unified_memory_nodes if cfg.unified_memory_nodes else ''}, "
         f"management {cfg.mgmt_subnet}, registry {cfg.registry} ({time.monotonic() - started:.1f}s)")
 
 

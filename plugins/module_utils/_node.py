@@ -131,14 +131,15 @@ def docker_logs(docker_host, name, tail, timeout):
 
 
 def docker_images(docker_host, refs, timeout):
-    """By reference: whether the daemon has the image, its ID and repository digests."""
+    """By reference: whether the daemon has the image, its ID, repository digests and entrypoint."""
     images = {}
     for ref in refs:
         status, doc = docker_get(docker_host, "/images/%s/json" % quote(ref, safe="/:@"), timeout)
         if status == 404:
-            images[ref] = {"present": False, "id": None, "repo_digests": []}
+            images[ref] = {"present": False, "id": None, "repo_digests": [], "entrypoint": []}
         elif status == 200:
-            images[ref] = {"present": True, "id": doc.get("Id"), "repo_digests": doc.get("RepoDigests") or []}
+            images[ref] = {"present": True, "id": doc.get("Id"), "repo_digests": doc.get("RepoDigests") or [],
+                           "entrypoint": (doc.get("Config") or {}).get("Entrypoint") or []}
         else:
             raise DockerError("inspecting image %s answered HTTP %s: %s" % (ref, status, _message(doc)))
     return images

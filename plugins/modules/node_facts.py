@@ -144,10 +144,10 @@ ansible_facts:
                    "mtu": 1500, "macaddress": "5e:0a:77:1c:02:11", "ipv4": {"address": "10.220.0.12", "prefix": "24"},
                    "ipv4_secondaries": []}}
         images:
-          description: By reference of O(images), C(present), C(id) and C(repo_digests).
+          description: By reference of O(images), C(present), C(id), C(repo_digests) and C(entrypoint) (a list).
           type: dict
           sample: {"10.210.0.1:5055/gpulab/ray@sha256:9f2c...": {"present": true, "id": "sha256:2e0f...",
-                   "repo_digests": ["10.210.0.1:5055/gpulab/ray@sha256:9f2c..."]}}
+                   "repo_digests": ["10.210.0.1:5055/gpulab/ray@sha256:9f2c..."], "entrypoint": []}}
         listening_tcp_ports:
           description: TCP ports in the LISTEN state on any address, sorted.
           type: list

@@ -126,7 +126,7 @@ CASES = [
     ("fabric-address-outside-subnet", _pin("node2", "10.230.0.12"), {},
      ["fabric_address outside 10.220.0.0/24: node2=10.230.0.12", "correct fabric_address or fabric_subnet"]),
     ("fabric-address-not-on-node", _pin("node2", "10.220.0.99"), {},
-     ["node2 has no interface with its fabric_address 10.220.0.99", "enp1s0f0np0=10.220.0.12"]),
+     ["node2 has no interface with its fabric_address 10.220.0.99", "enP2p1s0f1np1=10.220.0.12"]),
     ("duplicate-fabric-addresses", _pin_both("10.220.0.11"), {},
      ["duplicate fabric_address: node1=10.220.0.11, node2=10.220.0.11", "give every node its own address"]),
     ("fabric-subnet-malformed", None, {"fabric_subnet": "10.220.0.0/33"}, ["fabric_subnet on node", "set it in the inventory"]),
@@ -208,16 +208,16 @@ def test_port_in_use_fails_before_any_change(lab, port, expected):
 
 
 def test_fabric_interface_down_fails_before_any_change(lab):
-    _in_node("node2", "ip", "link", "set", "enp1s0f0np0", "down")
+    _in_node("node2", "ip", "link", "set", "enP2p1s0f1np1", "down")
     try:
         before = snapshot(lab["nodes"])
         result = deploy(LAB_INVENTORY)
         after = snapshot(lab["nodes"])
     finally:
-        _in_node("node2", "ip", "link", "set", "enp1s0f0np0", "up")
+        _in_node("node2", "ip", "link", "set", "enP2p1s0f1np1", "up")
     text = " ".join(error_lines(result.stdout))
     assert result.returncode != 0
-    assert "node2: the fabric interface enp1s0f0np0 (10.220.0.12) is down" in text, text
+    assert "node2: the fabric interface enP2p1s0f1np1 (10.220.0.12) is down" in text, text
     assert after == before
 
 

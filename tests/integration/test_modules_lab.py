@@ -33,6 +33,8 @@ HEAD, WORKER, VLLM = "fixture-it-ray-head", "fixture-it-ray-worker", "fixture-it
 # Settings for a single vLLM server started by hand on a lab node: shared memory, and a
 # resolver that fails at once instead of timing out on an address the node cannot reach.
 VLLM_LAB_WORKAROUNDS = [
+    # A GPU request, as a vLLM server on a GPU host needs (the lab's Docker daemons serve it, lab/gpu/).
+    "--gpus", "all",
     "--shm-size", "1g", "--add-host", "node1:10.210.0.11",
     "-v", str(ROOT / "build" / "fixture-lab" / "resolv.conf") + ":/etc/resolv.conf:ro",
     "-e", "VLLM_NO_USAGE_STATS=1",
@@ -98,7 +100,7 @@ def lab():
 
 
 def start_ray_worker(image):
-    docker("node2", "run", "-d", "--name", WORKER, "--network", "host", "--ipc", "host", "--shm-size", "1g",
+    docker("node2", "run", "-d", "--name", WORKER, "--network", "host", "--ipc", "host", "--shm-size", "1g", "--gpus", "all",
            "--entrypoint", "ray", image, "start", "--block", "--address=%s:%d" % (HEAD_IP, RAY_PORT),
            "--node-ip-address=%s" % WORKER_IP, "--num-gpus=1")
 
@@ -109,7 +111,7 @@ def ray_cluster(lab):
     docker("node1", "rm", "-f", HEAD, check=False)
     docker("node2", "rm", "-f", WORKER, check=False)
     try:
-        docker("node1", "run", "-d", "--name", HEAD, "--network", "host", "--ipc", "host", "--shm-size", "1g",
+        docker("node1", "run", "-d", "--name", HEAD, "--network", "host", "--ipc", "host", "--shm-size", "1g", "--gpus", "all",
                "--entrypoint", "ray", image, "start", "--block", "--head", "--node-ip-address=%s" % HEAD_IP,
                "--port=%d" % RAY_PORT, "--num-gpus=1", "--include-dashboard=false")
         start_ray_worker(image)
