@@ -42,6 +42,25 @@ def load_module(name: str, path: Path):
     return module
 
 
+def gcs_reader_source(collection: Path) -> str:
+    """The GCS reader of a collection tree: its own file, or (commits before it had one) the string in _ray_state."""
+    reader = collection / "plugins" / "module_utils" / "_gcs_reader.py"
+    if reader.exists():
+        return reader.read_text()
+    return load_module("_ray_state", collection / "plugins" / "module_utils" / "_ray_state.py").GCS_READER_SCRIPT
+
+
+def reader_nodes(stdout: str) -> list[dict]:
+    """The node table of a GCS reader run's last line; an error of the reader is raised."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError("the GCS reader printed no JSON")
+    document = json.loads(lines[-1])
+    if document.get("error"):
+        raise RuntimeError("the GCS reader failed: %s" % document["error"])
+    return document["nodes"]
+
+
 # --------------------------------------------------------------------------- the lab's nodes
 
 @dataclass(frozen=True)

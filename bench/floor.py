@@ -52,36 +52,6 @@ while True:
     time.sleep(max(0.0, interval - (time.monotonic() - started)))
 """
 
-# Runs the collection's GCS reader (argv[1], its source) in a loop inside the head container
-# until the cluster has the nodes and GPUs asked for; prints the last reading.
-GATE_LOOP = r"""
-import io, json, sys, time
-reader = compile(sys.argv[1], "gcs_reader", "exec")
-nodes, gpus, interval, timeout = int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
-deadline = time.monotonic() + timeout
-polls = 0
-while True:
-    started = time.monotonic()
-    polls += 1
-    sys.modules.pop("ray", None)  # the reader registers a bare "ray" package each time
-    out, real = io.StringIO(), sys.stdout
-    sys.stdout, sys.argv = out, ["gcs_reader", "auto", "2"]
-    try:
-        exec(reader, {"__name__": "__main__"})
-    except SystemExit:
-        pass
-    finally:
-        sys.stdout = real
-    lines = out.getvalue().splitlines()
-    doc = json.loads(lines[-1]) if lines else {"error": {"kind": "reader_failed", "message": "no output"}}
-    alive = [n for n in doc.get("nodes") or [] if n["state"] == "ALIVE"]
-    ready = not doc.get("error") and len(alive) >= nodes and sum(n["resources"].get("GPU", 0) for n in alive) >= gpus
-    if ready or started > deadline:
-        print(json.dumps({"ready": bool(ready), "at": time.time(), "polls": polls, "nodes": doc.get("nodes"), "error": doc.get("error")}))
-        sys.exit(0 if ready else 1)
-    time.sleep(max(0.0, interval - (time.monotonic() - started)))
-"""
-
 
 class FloorError(Exception):
     pass
@@ -123,12 +93,16 @@ def wait_port(node: benchlib.Node, address: str, poll: float, timeout: float) ->
 
 
 def wait_cluster(head: benchlib.Node, container: str, expect: dict, reader: str, poll: float, timeout: float) -> dict:
-    proc = benchlib.docker(head, "exec", container, "python3", "-c", GATE_LOOP, reader, str(expect["nodes"]), str(expect["gpus"]),
-                           str(poll), str(timeout), check=False, timeout=timeout + 60)
+    # The collection's reader waits by itself, judging by its own rule, as the gate does.
+    until = {"ips": [], "nodes": expect["nodes"], "gpus": expect["gpus"], "interval": poll, "for": timeout}
+    proc = benchlib.docker(head, "exec", container, "python3", "-c", reader, "auto", "2", json.dumps(until),
+                           check=False, timeout=timeout + 60)
     try:
-        record = json.loads(proc.stdout.strip().splitlines()[-1])
+        document = json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError) as exc:
-        raise FloorError("the gate loop in %s printed nothing usable: %s" % (container, proc.stderr.strip()[-300:])) from exc
+        raise FloorError("the GCS reader in %s printed nothing usable: %s" % (container, proc.stderr.strip()[-300:])) from exc
+    record = {"ready": bool(document.get("ready")), "at": document.get("read_at"), "polls": document.get("polls"),
+              "nodes": document.get("nodes"), "error": document.get("error")}
     if not record["ready"]:
         raise FloorError("the cluster was not complete within %ss: %s" % (timeout, record))
     return record
@@ -170,7 +144,7 @@ def run(spec: dict, collection: Path, poll: float, timeout: float) -> dict:
     inventory = benchlib.read_inventory()
     nodes = {node.name: node for node in benchlib.lab_nodes(inventory)}
     secrets = benchlib.inventory_secrets(inventory)
-    reader = benchlib.load_module("_ray_state", collection / "plugins" / "module_utils" / "_ray_state.py").GCS_READER_SCRIPT
+    reader = benchlib.gcs_reader_source(collection)
     placed = [(nodes[entry["name"]], c) for entry in spec["nodes"] for c in entry["containers"]]
     by_role = {role: [(n, c) for n, c in placed if c["role"] == role] for role in benchlib.ROLE_ORDER}
     (head, head_spec), = by_role["ray-head"]

@@ -186,10 +186,10 @@ class Bench:
     # ------------------------------------------------------------------ Ray and the floor
     def ray_nodes(self) -> list[dict]:
         """Ray's own node table (with each node's start time), read with the collection's GCS reader."""
-        ray_state = benchlib.load_module("_ray_state", self.tree.path / "plugins" / "module_utils" / "_ray_state.py")
         head = self.nodes()[0]
-        proc = benchlib.docker(head, "exec", "gpulab-ray-head", "python3", "-c", ray_state.GCS_READER_SCRIPT, "auto", "5", check=False)
-        return ray_state.interpret_reader_run(proc.returncode, proc.stdout, proc.stderr, head.name)["nodes"]
+        proc = benchlib.docker(head, "exec", "gpulab-ray-head", "python3", "-c", benchlib.gcs_reader_source(self.tree.path),
+                               "auto", "5", check=False)
+        return benchlib.reader_nodes(proc.stdout)
 
     @staticmethod
     def last_registration(nodes: list[dict]) -> float:
@@ -299,7 +299,7 @@ class Bench:
 
     def step_facts(self) -> None:
         """5: the facts module (ad hoc, and its own read time) against `ray status` in the head container."""
-        ray_state = benchlib.load_module("_ray_state", self.tree.path / "plugins" / "module_utils" / "_ray_state.py")
+        reader = benchlib.gcs_reader_source(self.tree.path)
         head = self.nodes()[0]
         samples = {"module_adhoc_s": [], "module_read_s": [], "reader_exec_s": [], "ray_status_s": []}
         for sample_index in range(max(self.args.runs, 5)):
@@ -315,7 +315,7 @@ class Bench:
             samples["module_adhoc_s"].append(round(time.monotonic() - started, 3))
             host = timeline.result_time(timeline.read(timeline_file), "gpulab.vllm.ray_cluster_facts")[1]
             samples["module_read_s"].append((host or {}).get("ray_wait", {}).get("elapsed"))
-            for key, argv in (("reader_exec_s", ["python3", "-c", ray_state.GCS_READER_SCRIPT, "auto", "5"]), ("ray_status_s", ["ray", "status"])):
+            for key, argv in (("reader_exec_s", ["python3", "-c", reader, "auto", "5"]), ("ray_status_s", ["ray", "status"])):
                 started = time.monotonic()
                 benchlib.docker(head, "exec", "gpulab-ray-head", *argv)
                 samples[key].append(round(time.monotonic() - started, 3))

@@ -73,7 +73,7 @@ def record_ray(args: argparse.Namespace) -> dict:
         "name": args.name,
         "recorded_at": now(),
         "situation": args.situation,
-        "command": "docker exec %s%s python3 -c <GCS_READER_SCRIPT> %s 5" % (
+        "command": "docker exec %s%s python3 -c <_gcs_reader.py> %s 5" % (
             "".join("-e %s " % pair for pair in args.exec_env), args.container, args.gcs_address),
         "reader_run": reader_run,
         "ray_status_run": status_run,

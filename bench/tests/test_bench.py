@@ -13,6 +13,8 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BENCH))
 
@@ -100,21 +102,18 @@ def test_port_wait_polls_until_the_port_answers():
     assert subprocess.run([sys.executable, "-c", floor.PORT_WAIT, "127.0.0.1", str(free), "0.2", "0.5"], timeout=30, check=False).returncode == 1
 
 
-def test_gate_loop_polls_the_reader_until_the_cluster_is_complete(tmp_path):
-    # A stand-in for the GCS reader: one node on the first read, two on the next ones.
-    counter = tmp_path / "reads"
-    reader = (
-        "import json, sys, os\n"
-        "path = %r\n"
-        "n = int(open(path).read()) if os.path.exists(path) else 0\n"
-        "open(path, 'w').write(str(n + 1))\n"
-        "nodes = [{'state': 'ALIVE', 'resources': {'GPU': 1.0}, 'start_time_ms': 1000 * (i + 1)} for i in range(1 if n == 0 else 2)]\n"
-        "sys.stdout.write(json.dumps({'reader': 1, 'nodes': nodes, 'error': None}) + '\\n')\n"
-        "sys.exit(0)\n" % str(counter))
-    proc = subprocess.run([sys.executable, "-c", floor.GATE_LOOP, reader, "2", "2", "0.05", "10"], capture_output=True, text=True, timeout=30, check=False)
-    record = json.loads(proc.stdout)
-    assert proc.returncode == 0 and record["ready"] and record["polls"] == 2
-    assert max(n["start_time_ms"] for n in record["nodes"]) == 2000
+def test_the_floor_waits_with_the_collections_own_reader():
+    """No readiness rule of the bench's own: it runs the collection's reader file, whose wait uses its rule."""
+    collection = Path(__file__).resolve().parents[2]
+    source = benchlib.gcs_reader_source(collection)
+    assert source == (collection / "plugins" / "module_utils" / "_gcs_reader.py").read_text()
+    assert "def shortfalls(" in source and not hasattr(floor, "GATE_LOOP")
+    recorded = json.loads((collection / "tests" / "unit" / "fixtures" / "ray" / "ray_2node_alive.json").read_text())
+    nodes = benchlib.reader_nodes(recorded["reader_run"]["stdout"])
+    assert sorted(n["node_ip"] for n in nodes) == ["10.220.0.11", "10.220.0.12"]
+    unreachable = json.loads((collection / "tests" / "unit" / "fixtures" / "ray" / "ray_gcs_unreachable.json").read_text())
+    with pytest.raises(RuntimeError, match="gcs_unreachable"):
+        benchlib.reader_nodes(unreachable["reader_run"]["stdout"])
 
 
 def test_wait_completion_retries_until_a_choice_comes_back():

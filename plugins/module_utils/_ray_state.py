@@ -5,11 +5,8 @@
 
 Private to gpulab.vllm. Three parts:
 
-* ``GCS_READER_SCRIPT``: a small Python program run by the Ray head container's
-  own interpreter (``docker exec <container> python3 -c ...``). It asks the GCS
-  for the node table and the autoscaler's last report over gRPC and prints one
-  JSON document. It never imports the ``ray`` package itself (0.3-0.6 s on a
-  small machine); it loads only Ray's generated protobuf modules and ``grpc``.
+* ``reader_argv``: the command that runs the GCS reader (``_gcs_reader``, a file
+  of its own) with the Ray head container's own interpreter.
 * ``interpret_reader_run``: turns the exit code and output of that command
   (docker's own errors included) into a snapshot or a clear error.
 * ``build_facts`` / ``unmet_conditions`` / ``not_ready_message``: pure
@@ -22,197 +19,11 @@ from __future__ import annotations
 import json
 import re
 
-# Version of the JSON document the reader prints; bump when its shape changes.
-READER_SCHEMA = 1
-
-GCS_READER_SCRIPT = r'''
-import importlib.util
-import json
-import os
-import re
-import sys
-import time
-import types
-
-SCHEMA = 1
-STARTED = time.monotonic()
-
-
-def emit(document):
-    document["reader"] = SCHEMA
-    document["reader_elapsed_s"] = round(time.monotonic() - STARTED, 4)
-    sys.stdout.write(json.dumps(document, sort_keys=True) + "\n")
-    sys.exit(0)
-
-
-def fail(kind, message, **extra):
-    extra["error"] = {"kind": kind, "message": message}
-    emit(extra)
-
-
-def discover_address(given):
-    if given and given != "auto":
-        return given
-    env_address = os.environ.get("RAY_ADDRESS", "")
-    if env_address and env_address != "auto" and "://" not in env_address:
-        return env_address
-    temp_dir = os.environ.get("RAY_TMPDIR") or "/tmp/ray"
-    marker = os.path.join(temp_dir, "ray_current_cluster")
-    try:
-        with open(marker) as handle:
-            address = handle.read().strip()
-    except OSError as exc:
-        fail("no_address", "no GCS address given and %s is unreadable (%s): is a Ray head running here?"
-             % (marker, exc.strerror))
-    if not address:
-        fail("no_address", "%s is empty: the Ray head has not finished starting" % marker)
-    return address
-
-
-def read_token():
-    # Same sources, same order as Ray's own token loader.
-    mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower()
-    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
-    if token:
-        return token
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
-    if not path and mode != "token":
-        return None
-    path = path or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
-    try:
-        with open(path) as handle:
-            token = handle.read().strip()
-    except OSError as exc:
-        fail("auth", "RAY_AUTH_MODE=%s but the token file %s is unreadable (%s)" % (mode or "unset", path, exc.strerror))
-    if not token:
-        fail("auth", "the token file %s is empty" % path)
-    return token
-
-
-def find_ray():
-    spec = importlib.util.find_spec("ray")
-    if spec is None or not spec.submodule_search_locations:
-        fail("ray_missing", "%s cannot import ray" % sys.executable)
-    return list(spec.submodule_search_locations)[0]
-
-
-def load_ray_protocol(ray_dir):
-    version = None
-    try:
-        with open(os.path.join(ray_dir, "_version.py")) as handle:
-            found = re.search(r'^version\s*=\s*"([^"]+)"', handle.read(), re.M)
-            version = found.group(1) if found else None
-    except OSError:
-        pass
-    # Register an empty "ray" package so that only ray.core.generated is
-    # loaded: importing ray itself would start its whole runtime (slow).
-    package = types.ModuleType("ray")
-    package.__path__ = [ray_dir]
-    sys.modules["ray"] = package
-    try:
-        import grpc
-        from ray.core.generated import gcs_service_pb2
-    except Exception as exc:
-        fail("ray_incompatible", "cannot load Ray's GCS protocol from %s (ray %s): %s: %s"
-             % (ray_dir, version, type(exc).__name__, exc), ray_version=version)
-    return grpc, gcs_service_pb2, version
-
-
-def enum_name(message, field):
-    value = getattr(message, field)
-    return message.DESCRIPTOR.fields_by_name[field].enum_type.values_by_number[value].name
-
-
-def node_record(info):
-    record = {
-        "node_id": info.node_id.hex(),
-        "node_ip": info.node_manager_address,
-        "node_name": info.node_name,
-        "state": enum_name(info, "state"),
-        "is_head": bool(info.is_head_node),
-        "resources": dict(info.resources_total),
-        "labels": dict(info.labels),
-        "start_time_ms": info.start_time_ms,
-        "end_time_ms": info.end_time_ms,
-        "activity": None,
-        "death_reason": None,
-        "death_message": None,
-    }
-    if info.HasField("state_snapshot"):
-        record["activity"] = enum_name(info.state_snapshot, "state")
-    if info.HasField("death_info"):
-        record["death_reason"] = enum_name(info.death_info, "reason")
-        record["death_message"] = info.death_info.reason_message
-    return record
-
-
-def main(argv):
-    ray_dir = find_ray()
-    address = discover_address(argv[1] if len(argv) > 1 else "auto")
-    rpc_timeout = float(argv[2]) if len(argv) > 2 else 5.0
-    token = read_token()
-    grpc, gcs_service_pb2, version = load_ray_protocol(ray_dir)
-    metadata = [("authorization", "Bearer " + token)] if token else []
-    channel = grpc.insecure_channel(address)
-    get_all_nodes = channel.unary_unary(
-        "/ray.rpc.NodeInfoGcsService/GetAllNodeInfo",
-        request_serializer=gcs_service_pb2.GetAllNodeInfoRequest.SerializeToString,
-        response_deserializer=gcs_service_pb2.GetAllNodeInfoReply.FromString)
-    kv_get = channel.unary_unary(
-        "/ray.rpc.InternalKVGcsService/InternalKVGet",
-        request_serializer=gcs_service_pb2.InternalKVGetRequest.SerializeToString,
-        response_deserializer=gcs_service_pb2.InternalKVGetReply.FromString)
-    until = json.loads(argv[3]) if len(argv) > 3 and argv[3] else None
-    polls = 0
-    while True:
-        polls += 1
-        document = read_once(grpc, gcs_service_pb2, get_all_nodes, kv_get, metadata, rpc_timeout, address, version)
-        document["polls"] = polls
-        left = until["for"] - (time.monotonic() - STARTED) if until else 0
-        kind = (document.get("error") or {}).get("kind")
-        if until is None or kind == "auth" or left < until["interval"] or ready(document, until):
-            emit(document)
-        time.sleep(until["interval"])
-
-
-def read_once(grpc, gcs_service_pb2, get_all_nodes, kv_get, metadata, rpc_timeout, address, version):
-    base = {"gcs_address": address, "ray_version": version}
-    try:
-        reply = get_all_nodes(gcs_service_pb2.GetAllNodeInfoRequest(), timeout=rpc_timeout, metadata=metadata)
-        status = kv_get(gcs_service_pb2.InternalKVGetRequest(key=b"__autoscaling_status", namespace=b""),
-                        timeout=rpc_timeout, metadata=metadata)
-    except grpc.RpcError as exc:
-        code = exc.code()
-        kind = {"UNAUTHENTICATED": "auth", "PERMISSION_DENIED": "auth"}.get(code.name, "gcs_unreachable")
-        base["error"] = {"kind": kind, "message": "GCS at %s answered %s: %s" % (address, code.name, exc.details())}
-        return base
-    if reply.status.code != 0:
-        base["error"] = {"kind": "gcs_error", "message": "GCS at %s refused the node list: %s" % (address, reply.status.message)}
-        return base
-    autoscaler = None
-    if status.status.code == 0 and status.value:
-        try:
-            autoscaler = json.loads(status.value)
-        except ValueError:
-            autoscaler = None
-    base["nodes"] = [node_record(info) for info in reply.node_info_list]
-    base["autoscaler_status"] = autoscaler
-    base["error"] = None
-    return base
-
-
-def ready(document, until):
-    """The cluster has what the caller waits for (the caller checks again, with pending nodes)."""
-    if document.get("error"):
-        return False
-    alive = [node for node in document["nodes"] if node["state"] == "ALIVE"]
-    gpus = sum(float(node["resources"].get("GPU", 0)) for node in alive)
-    return (set(until.get("ips") or []) <= set(node["node_ip"] for node in alive)
-            and len(alive) >= (until.get("nodes") or 0) and gpus >= (until.get("gpus") or 0))
-
-
-main(sys.argv)
-'''
+from ansible_collections.gpulab.vllm.plugins.module_utils._gcs_reader import SCHEMA as READER_SCHEMA
+from ansible_collections.gpulab.vllm.plugins.module_utils._gcs_reader import number as _number
+from ansible_collections.gpulab.vllm.plugins.module_utils._gcs_reader import pending_count as _pending_count
+from ansible_collections.gpulab.vllm.plugins.module_utils._gcs_reader import shortfalls
+from ansible_collections.gpulab.vllm.plugins.module_utils._gcs_reader import source as reader_source
 
 # Strings in docker's own stderr, mapped to what they mean for the caller.
 _DOCKER_ERRORS = (
@@ -248,7 +59,7 @@ def reader_argv(python, gcs_address, rpc_timeout, docker_cli=None, container=Non
     ``interval`` seconds for up to ``for`` seconds, until the cluster has those nodes and GPUs: one
     process and one connection for the whole wait instead of one per poll.
     """
-    argv = [python, "-c", GCS_READER_SCRIPT, gcs_address or "auto", "%g" % rpc_timeout]
+    argv = [python, "-c", reader_source(), gcs_address or "auto", "%g" % rpc_timeout]
     if until is not None:
         argv.append(json.dumps(until, sort_keys=True))
     if container:
@@ -290,18 +101,6 @@ def _last_line(text):
 def _shorten(text, limit=300):
     text = (text or "").strip()
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _pending_count(autoscaler_status):
-    """Nodes the autoscaler is launching that have not registered yet.
-
-    A cluster built with ``ray start`` on each host has no launcher, so this is
-    0 there; a node that registers with the GCS is alive at once.
-    """
-    report = (autoscaler_status or {}).get("autoscaler_report") or {}
-    pending = len(report.get("pending_nodes") or [])
-    pending += sum(int(count) for count in (report.get("pending_launches") or {}).values())
-    return pending
 
 
 def _failures(nodes, autoscaler_status):
@@ -396,17 +195,10 @@ def _ip_key(ip):
 
 
 def unmet_conditions(facts, expected_node_ips=None, expected_nodes=None, expected_gpus=None):
-    """What keeps the cluster from being ready, as short phrases; empty when ready."""
-    unmet = []
-    if expected_node_ips and facts["missing_node_ips"]:
-        unmet.append("missing node(s) %s" % ", ".join(facts["missing_node_ips"]))
-    if expected_nodes is not None and facts["alive_nodes"] < expected_nodes:
-        unmet.append("%d of %d expected node(s) alive" % (facts["alive_nodes"], expected_nodes))
-    if facts["pending_nodes"]:
-        unmet.append("%d node(s) pending" % facts["pending_nodes"])
-    if expected_gpus is not None and facts["gpus"] < expected_gpus:
-        unmet.append("GPUs %s of %s expected" % (_number(facts["gpus"]), _number(expected_gpus)))
-    return unmet
+    """What keeps the cluster from being ready, as short phrases; empty when ready (the reader's rule)."""
+    alive = [node for node in facts["nodes"] if node["alive"]]
+    until = {"ips": expected_node_ips or [], "nodes": expected_nodes, "gpus": expected_gpus}
+    return shortfalls(alive, facts["pending_nodes"], until)
 
 
 def describe_alive(facts):
@@ -438,8 +230,3 @@ def not_ready_message(facts, unmet, where, last_error=None):
     if dead:
         text += "; dead: %s" % ", ".join("%s (%s)" % (f["node_ip"], f["reason"]) for f in dead)
     return text
-
-
-def _number(value):
-    value = float(value)
-    return "%d" % value if value.is_integer() else "%g" % value

@@ -7,11 +7,12 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conftest import fixture_names, load_fixture
-from ansible_collections.gpulab.vllm.plugins.module_utils import _ray_state
+from ansible_collections.gpulab.vllm.plugins.module_utils import _gcs_reader, _ray_state
 
 WHERE = "container fixture-ray-head on host node1"
 READ_OK = [name for name in fixture_names("ray") if load_fixture("ray", name)["reader_run"]["rc"] == 0
@@ -197,19 +198,38 @@ def test_docker_errors_without_a_recording_are_still_classified():
 
 def test_reader_argv_is_a_list_for_docker_exec():
     argv = _ray_state.reader_argv("python3", "auto", 5.0, docker_cli="/usr/bin/docker", container="ray-head")
-    assert argv[:6] == ["/usr/bin/docker", "exec", "ray-head", "python3", "-c", _ray_state.GCS_READER_SCRIPT]
+    assert argv[:6] == ["/usr/bin/docker", "exec", "ray-head", "python3", "-c", _gcs_reader.source()]
+    # The program it runs is the reader module's own file, as shipped.
+    assert _gcs_reader.source() == Path(_gcs_reader.__file__).read_text()
     assert argv[6:] == ["auto", "5"]
     assert _ray_state.reader_argv("/usr/bin/python3", "10.0.0.1:6379", 0.25)[3:] == ["10.0.0.1:6379", "0.25"]
 
 
-def test_reader_script_reports_a_missing_ray_as_json():
+@pytest.mark.parametrize("how", ["-c", "file"])
+def test_reader_script_reports_a_missing_ray_as_json(how):
     # The unit-test interpreter has no ray: the reader must say so, not crash.
-    done = subprocess.run([sys.executable, "-c", _ray_state.GCS_READER_SCRIPT, "auto", "1"],
+    program = ["-c", _gcs_reader.source()] if how == "-c" else [_gcs_reader.__file__]
+    done = subprocess.run([sys.executable, *program, "auto", "1"],
                           capture_output=True, text=True, timeout=30, check=False)
     with pytest.raises(_ray_state.ReaderError) as caught:
         _ray_state.interpret_reader_run(done.returncode, done.stdout, done.stderr, "host test")
     assert caught.value.kind == "ray_missing"
     assert "cannot import ray" in caught.value.message
+
+
+@pytest.mark.parametrize("name, until, phrases", [
+    ("ray_2node_alive", {"ips": ["10.220.0.11", "10.220.0.12"], "nodes": 2, "gpus": 2}, []),
+    ("ray_2node_head_only", {"ips": ["10.220.0.11", "10.220.0.12"], "nodes": 2, "gpus": 2},
+     ["missing node(s) 10.220.0.12", "1 of 2 expected node(s) alive", "GPUs 1 of 2 expected"]),
+    ("ray_3node_one_dead", {"nodes": 3}, ["2 of 3 expected node(s) alive"]),
+])
+def test_one_readiness_rule_for_the_reader_and_the_facts(name, until, phrases):
+    """The reader's wait and the facts module judge a recorded reading by the same rule, in the same words."""
+    snapshot = json.loads(load_fixture("ray", name)["reader_run"]["stdout"].splitlines()[-1])
+    alive = _gcs_reader.alive_nodes(snapshot["nodes"])
+    assert _gcs_reader.shortfalls(alive, _gcs_reader.pending_count(snapshot.get("autoscaler_status")), until) == phrases
+    facts = _ray_state.build_facts(snapshot, until.get("ips"))
+    assert _ray_state.unmet_conditions(facts, until.get("ips"), until.get("nodes"), until.get("gpus")) == phrases
 
 
 def test_empty_facts_have_the_full_shape():
