@@ -1,0 +1,105 @@
+# Copyright: gpulab.vllm contributors
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The lab images: a Debian base imported once, recipes built only when they change, pushed and pinned by digest."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .common import BUILD, CACHE, IMAGES_DIR, PROJECT, LabError, log, run
+from .config import LAB_IMAGES, LabConfig
+
+
+BASE_IMAGE = "gpulab-lab/bookworm:base"
+
+
+def recipe_hash(folder: Path, extra: str = "") -> str:
+    h = hashlib.sha256(extra.encode())
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            h.update(path.relative_to(folder).as_posix().encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def image_label(ref: str, label: str) -> str | None:
+    proc = run(["docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{label}"}}}}', ref], check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def ensure_base_image() -> None:
+    if image_label(BASE_IMAGE, "org.gpulab.lab.base") is not None:
+        return
+    rootfs = CACHE / "rootfs-bookworm"
+    if not (rootfs / "usr" / "bin" / "apt-get").exists():
+        log("making a Debian bookworm root file system (debootstrap, once)")
+        shutil.rmtree(rootfs, ignore_errors=True)
+        run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs)], capture=True)
+    log(f"importing {BASE_IMAGE}")
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+    run(["docker", "import", "--change", "LABEL org.gpulab.lab.base=bookworm",
+         "--change", 'CMD ["/bin/bash"]', "-", BASE_IMAGE], stdin=tar.stdout)
+    tar.wait()
+
+
+def ensure_wheelhouse(key: str, folder: Path) -> Path:
+    house = CACHE / "wheelhouse" / key
+    house.mkdir(parents=True, exist_ok=True)
+    stamp = house / ".requirements"
+    req = (folder / "requirements.txt").read_text()
+    if stamp.exists() and stamp.read_text() == req:
+        return house
+    log(f"downloading wheels for the {key} image into {house.relative_to(PROJECT)}")
+    pip_extra = os.environ.get("LAB_PIP_ARGS", "").split()
+    run([sys.executable, "-m", "pip", "download", "--quiet", "-d", str(house),
+         "-r", str(folder / "requirements.txt"), *pip_extra], capture=True)
+    stamp.write_text(req)
+    return house
+
+
+def ensure_image(cfg: LabConfig, key: str) -> None:
+    folder_name = LAB_IMAGES[key][0]
+    folder = IMAGES_DIR / folder_name
+    local_ref = cfg.image_ref(key, for_nodes=False)
+    digest = recipe_hash(folder, extra=run(["docker", "image", "inspect", "--format", "{{.Id}}", BASE_IMAGE]).stdout)
+    if image_label(local_ref, "org.gpulab.lab.recipe") != digest:
+        house = ensure_wheelhouse(key, folder)
+        context = BUILD / "context" / key
+        shutil.rmtree(context, ignore_errors=True)
+        shutil.copytree(folder, context)
+        # Hard links: the wheels are large and the context only needs to be read.
+        shutil.copytree(house, context / "wheelhouse", copy_function=os.link)
+        log(f"building {local_ref} (recipe {digest})")
+        started = time.monotonic()
+        with open(BUILD / "lab" / "logs" / f"build-{key}.log", "w") as build_log:
+            proc = subprocess.run(
+                ["docker", "build", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+                 "--label", f"org.gpulab.lab.recipe={digest}", "-t", local_ref, str(context)],
+                stdout=build_log, stderr=subprocess.STDOUT, check=False,
+            )
+        if proc.returncode != 0:
+            raise LabError(f"building the {key} image failed; see build/lab/logs/build-{key}.log")
+        log(f"built {local_ref} in {time.monotonic() - started:.0f}s")
+        shutil.rmtree(context, ignore_errors=True)
+    run(["docker", "push", "--quiet", local_ref])
+
+
+def pinned_ref(cfg: LabConfig, key: str) -> str:
+    """The nodes' reference of a lab image, pinned by the digest the registry gave it (as a real lab
+    should pin its images): the roles can then pull only what is missing. The tag when the image was
+    never pushed from this machine."""
+    local = cfg.image_ref(key, for_nodes=False)
+    proc = run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", local], check=False)
+    repo = local.rsplit(":", 1)[0]
+    digests = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else []
+    for entry in digests or []:
+        if entry.startswith(repo + "@"):
+            return cfg.image_ref(key).rsplit(":", 1)[0] + "@" + entry.split("@", 1)[1]
+    return cfg.image_ref(key)
