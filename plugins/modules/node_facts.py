@@ -98,8 +98,17 @@ options:
       - Seconds to wait for the Docker daemon and for C(iptables).
     type: float
     default: 10
-notes:
-  - Check mode is supported; the module never changes anything.
+extends_documentation_fragment:
+  - gpulab.vllm.attributes
+  - gpulab.vllm.attributes.facts
+attributes:
+  check_mode:
+    support: full
+    details: The module never changes anything; it behaves the same in check mode.
+  diff_mode:
+    support: none
+  facts:
+    support: full
 """
 
 EXAMPLES = r"""

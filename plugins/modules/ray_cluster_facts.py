@@ -65,36 +65,26 @@ options:
     description:
       - Number of GPUs, summed over alive nodes, that O(wait) requires.
     type: float
-  wait:
-    description:
-      - Poll until the cluster meets O(expected_node_ips), O(expected_nodes) and O(expected_gpus) and no node
-        is pending, or fail after O(wait_timeout).
-    type: bool
-    default: false
   wait_timeout:
-    description:
-      - Seconds to wait for the cluster when O(wait=true). Must be greater than 0.
-      - Count the start of the head and of every worker, pulling their image included.
-    type: int
     default: 300
   wait_sleep:
-    description:
-      - Seconds between two reads of the GCS when O(wait=true). Must be greater than 0.
-      - While waiting, a read is one gRPC call from a reader that keeps running, so sub-second polling is cheap.
-    type: float
     default: 0.5
+extends_documentation_fragment:
+  - gpulab.vllm.wait
+  - gpulab.vllm.attributes
+  - gpulab.vllm.attributes.facts
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: The module only reads; it behaves the same in check mode.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
 notes:
+  - With O(wait=true) it waits until the cluster meets O(expected_node_ips), O(expected_nodes) and O(expected_gpus)
+    and no node is pending. Count the start of the head and of every worker in O(wait_timeout), pulling their image
+    included. A poll is one gRPC call from a reader that keeps running, so sub-second O(wait_sleep) is cheap.
   - The container needs C(python3) with Ray 2.x on its C(PATH), as the Ray images of this collection have.
   - Token authentication is read from the reader's environment in Ray's own order, C(RAY_AUTH_TOKEN), then
     C(RAY_AUTH_TOKEN_PATH), then C(~/.ray/auth_token) when C(RAY_AUTH_MODE=token).

@@ -85,36 +85,27 @@ options:
       - Timeout of each HTTP request in seconds. A wait shortens it to the time left.
     type: float
     default: 30
-  wait:
-    description:
-      - Retry until the server is healthy or O(wait_timeout) has passed.
-    type: bool
-    default: false
   wait_timeout:
-    description:
-      - Seconds to wait for a healthy server when O(wait=true). Must be greater than 0.
-      - Large models take 15 minutes and more to load.
-    type: int
     default: 900
   wait_sleep:
-    description:
-      - Seconds between two rounds of probes when O(wait=true). Must be greater than 0.
-    type: float
     default: 2
   validate_certs:
     description:
       - Whether to verify the server's TLS certificate for C(https) URLs.
     type: bool
     default: true
+extends_documentation_fragment:
+  - gpulab.vllm.wait
+  - gpulab.vllm.attributes
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: The probes only read; the generation changes no state, so it runs in check mode too.
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
 notes:
+  - With O(wait=true) it retries until the server is healthy, a real generation included. Large models take 15
+    minutes and more to load; give O(wait_timeout) room for it.
   - Proxy settings of the environment are not used; the probe talks to the server directly.
 seealso:
   - module: gpulab.vllm.ray_cluster_facts
