@@ -35,7 +35,7 @@ def main() -> int:
     text = benchlib.docker(head, "inspect", "gpulab-vllm").stdout
     for name, stand_in in STAND_INS.items():
         text = text.replace(lab_vars[name], stand_in)
-    node_files = str(Path(lab_vars["ray_cluster_secrets_dir"]).parent)
+    node_files = str(Path(lab_vars["gpulab_secrets_dir"]).parent)
     text = text.replace(node_files, "/etc/gpulab-vllm")
     text = re.sub(re.escape(str(benchlib.ROOT / "build" / "cache" / "nodes")) + r"/node\d+/docker", "/var/lib/docker", text)
     if str(benchlib.ROOT) in text:

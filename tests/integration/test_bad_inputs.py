@@ -38,7 +38,7 @@ def snapshot(nodes: list[str]) -> dict:
             "volumes": _node_docker(node, "volume", "ls", "-q"),
             "iptables": _in_node(node, "iptables", "-S").stdout,
         }
-    secrets_dir = Path(_lab_hosts()["all"]["vars"]["ray_cluster_secrets_dir"])
+    secrets_dir = Path(_lab_hosts()["all"]["vars"]["gpulab_secrets_dir"])
     state["token_file"] = (secrets_dir / "ray_token").exists()
     return state
 

@@ -29,7 +29,7 @@ def deployed():
                          cwd=ROOT, env=_env(), capture_output=True, text=True, check=False, timeout=1200)
     assert run.returncode == 0, run.stdout[-4000:]
     yield {"output": run.stdout + run.stderr, "token": lab_vars["ray_cluster_auth_token"],
-           "api_key": lab_vars["vllm_server_api_key"], "secrets_dir": Path(lab_vars["ray_cluster_secrets_dir"]),
+           "api_key": lab_vars["vllm_server_api_key"], "secrets_dir": Path(lab_vars["gpulab_secrets_dir"]),
            "config_dir": Path(lab_vars["vllm_server_config_dir"])}
     subprocess.run([BIN / "ansible-playbook", "-i", INVENTORY, ROOT / "playbooks" / "teardown.yml"],
                    cwd=ROOT, env=_env(), capture_output=True, check=False)

@@ -286,7 +286,7 @@ def test_ray_cluster_recognises_its_recorded_rules():
     for name in ("node1_deployed", "node2_deployed"):
         rules = _node.split_iptables_listing(load_fixture("node", name)["iptables"]["stdout"], ["GPULAB-RAY"])
         for rule in wanted["GPULAB-RAY"]:
-            assert rule.replace("{{ fabric_interface }}", FABRIC_IF) in rules["GPULAB-RAY"], (name, rule)
+            assert rule.replace("{{ ray_cluster_fabric.interface }}", FABRIC_IF) in rules["GPULAB-RAY"], (name, rule)
 
 
 def test_rules_of_a_chain_not_asked_for_are_left_out():
