@@ -7,7 +7,16 @@ from unittest import mock
 
 import pytest
 from ansible.module_utils import basic
-from ansible.module_utils.testing import patch_module_args
+
+try:  # ansible-core 2.19 and later
+    from ansible.module_utils.testing import patch_module_args
+except ImportError:  # ansible-core 2.17 and 2.18 read the arguments from basic._ANSIBLE_ARGS
+    import contextlib
+
+    @contextlib.contextmanager
+    def patch_module_args(args):
+        with mock.patch.object(basic, "_ANSIBLE_ARGS", json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()):
+            yield
 
 from conftest import load_fixture
 from vllm_replay import ReplayServer, closed_loopback_port
