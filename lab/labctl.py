@@ -9,6 +9,7 @@ own sshd; a registry on the machine serves the lab images to every node.
     labctl.py down     remove everything the lab made (safe to run twice)
     labctl.py status   print the lab's state as JSON
     labctl.py images   build and push the lab images only
+    labctl.py build [IMAGE...]   build lab images without a lab (no push; `up` pushes them)
     labctl.py link NODE up|down   plug or pull a node's fabric cable (failure drills)
     labctl.py docker NODE start|stop   start or stop a node's Docker daemon
 
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpulab_lab.common import LabError, netns_path, node_dirs  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.config import LAB_IMAGES, LabConfig  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.images import ensure_base_image, ensure_image  # noqa: E402  pylint: disable=wrong-import-position
-from gpulab_lab.lifecycle import current_config, down, status, up  # noqa: E402  pylint: disable=wrong-import-position
+from gpulab_lab.lifecycle import check_build_prerequisites, current_config, down, status, up  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.network import set_fabric_link  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.nodes import start_node_docker, stop_node_docker  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -60,6 +61,14 @@ def main(argv: list[str]) -> int:
             ensure_base_image()
             for key in argv[1:] or list(LAB_IMAGES):
                 ensure_image(cfg, key)
+        elif verb == "build":
+            unknown = [k for k in argv[1:] if k not in LAB_IMAGES]
+            if unknown:
+                raise LabError(f"unknown image(s) {unknown}; choose from {sorted(LAB_IMAGES)}")
+            check_build_prerequisites()
+            ensure_base_image()
+            for key in argv[1:] or list(LAB_IMAGES):
+                ensure_image(LabConfig.from_env(), key, push=False)
         elif verb == "link" and len(argv) == 3 and argv[2] in ("up", "down"):
             set_fabric_link(current_config(), argv[1], argv[2])
         elif verb == "docker" and len(argv) == 3 and argv[2] in ("start", "stop"):

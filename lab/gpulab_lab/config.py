@@ -11,10 +11,26 @@ from dataclasses import dataclass, field
 from .common import LabError
 
 
-# name -> (recipe folder, repository in the registry, tag)
+@dataclass(frozen=True)
+class LabImage:
+    """A lab image: its recipe folder, where it goes in the registry, and the pinned package list
+    the recipe installs (requirements-*.txt in the folder). A lock installs with --no-deps: every
+    package it needs is listed, pinned, in the lock itself."""
+    folder: str
+    repo: str
+    tag: str
+    requirements: str = "requirements.txt"
+
+    @property
+    def locked(self) -> bool:
+        return self.requirements.endswith(".lock")
+
+
 LAB_IMAGES = {
-    "ray": ("ray", "gpulab/ray", "2.60.0"),
-    "vllm": ("vllm-cpu", "gpulab/vllm-cpu", "0.32.0"),
+    "ray": LabImage("ray", "gpulab/ray", "2.60.0"),
+    "vllm": LabImage("vllm-cpu", "gpulab/vllm-cpu", "0.32.0"),
+    # The versions of the image our first users run (vLLM 0.17.1, Ray 2.53.0): see lab/README.md.
+    "vllm-seed": LabImage("vllm-cpu", "gpulab/vllm-cpu", "0.17.1", "requirements-0.17.1.lock"),
 }
 
 
@@ -133,6 +149,6 @@ class LabConfig:
         return f"{self.mgmt_gateway}:{self.registry_port}"
 
     def image_ref(self, key: str, for_nodes: bool = True) -> str:
-        repo, tag = LAB_IMAGES[key][1:]
+        repo, tag = LAB_IMAGES[key].repo, LAB_IMAGES[key].tag
         host = self.registry if for_nodes else f"127.0.0.1:{self.registry_port}"
         return f"{host}/{repo}:{tag}"

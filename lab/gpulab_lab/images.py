@@ -14,18 +14,23 @@ import time
 from pathlib import Path
 
 from .common import BUILD, CACHE, IMAGES_DIR, PROJECT, LabError, log, run
-from .config import LAB_IMAGES, LabConfig
+from .config import LAB_IMAGES, LabConfig, LabImage
 
 
 BASE_IMAGE = "gpulab-lab/bookworm:base"
 
 
-def recipe_hash(folder: Path, extra: str = "") -> str:
+def recipe_files(folder: Path, requirements: str) -> list[Path]:
+    """The files of a recipe folder that make one image: every file but the other images' package lists."""
+    return [path for path in sorted(folder.rglob("*")) if path.is_file()
+            and (path.name == requirements or not path.name.startswith("requirements"))]
+
+
+def recipe_hash(folder: Path, extra: str = "", requirements: str = "requirements.txt") -> str:
     h = hashlib.sha256(extra.encode())
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            h.update(path.relative_to(folder).as_posix().encode())
-            h.update(path.read_bytes())
+    for path in recipe_files(folder, requirements):
+        h.update(path.relative_to(folder).as_posix().encode())
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -49,46 +54,59 @@ def ensure_base_image() -> None:
     tar.wait()
 
 
-def ensure_wheelhouse(key: str, folder: Path) -> Path:
+def ensure_wheelhouse(key: str, folder: Path, image: LabImage) -> Path:
     house = CACHE / "wheelhouse" / key
     house.mkdir(parents=True, exist_ok=True)
     stamp = house / ".requirements"
-    req = (folder / "requirements.txt").read_text()
+    req = (folder / image.requirements).read_text()
     if stamp.exists() and stamp.read_text() == req:
         return house
     log(f"downloading wheels for the {key} image into {house.relative_to(PROJECT)}")
-    pip_extra = os.environ.get("LAB_PIP_ARGS", "").split()
+    pip_extra = os.environ.get("LAB_PIP_ARGS", "").split() + (["--no-deps"] if image.locked else [])
     run([sys.executable, "-m", "pip", "download", "--quiet", "-d", str(house),
-         "-r", str(folder / "requirements.txt"), *pip_extra], capture=True)
+         "-r", str(folder / image.requirements), *pip_extra], capture=True)
     stamp.write_text(req)
     return house
 
 
-def ensure_image(cfg: LabConfig, key: str) -> None:
-    folder_name = LAB_IMAGES[key][0]
-    folder = IMAGES_DIR / folder_name
+def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
+    image = LAB_IMAGES[key]
+    folder = IMAGES_DIR / image.folder
     local_ref = cfg.image_ref(key, for_nodes=False)
-    digest = recipe_hash(folder, extra=run(["docker", "image", "inspect", "--format", "{{.Id}}", BASE_IMAGE]).stdout)
+    digest = recipe_hash(folder, extra=run(["docker", "image", "inspect", "--format", "{{.Id}}", BASE_IMAGE]).stdout,
+                         requirements=image.requirements)
     if image_label(local_ref, "org.gpulab.lab.recipe") != digest:
-        house = ensure_wheelhouse(key, folder)
+        house = ensure_wheelhouse(key, folder, image)
         context = BUILD / "context" / key
         shutil.rmtree(context, ignore_errors=True)
-        shutil.copytree(folder, context)
+        context.mkdir(parents=True)
+        for path in recipe_files(folder, image.requirements):
+            target = context / ("requirements.txt" if path.name == image.requirements else path.relative_to(folder))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
         # Hard links: the wheels are large and the context only needs to be read.
         shutil.copytree(house, context / "wheelhouse", copy_function=os.link)
         log(f"building {local_ref} (recipe {digest})")
+        (BUILD / "lab" / "logs").mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         with open(BUILD / "lab" / "logs" / f"build-{key}.log", "w") as build_log:
             proc = subprocess.run(
                 ["docker", "build", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+                 "--build-arg", f"PIP_DEPS={'--no-deps' if image.locked else ''}",
                  "--label", f"org.gpulab.lab.recipe={digest}", "-t", local_ref, str(context)],
                 stdout=build_log, stderr=subprocess.STDOUT, check=False,
             )
         if proc.returncode != 0:
             raise LabError(f"building the {key} image failed; see build/lab/logs/build-{key}.log")
         log(f"built {local_ref} in {time.monotonic() - started:.0f}s")
+        # The build stage, left untagged, holds a second copy of every installed package (GBs for the
+        # vLLM images); only lab images carry the base's label, so only theirs go.
+        run(["docker", "image", "prune", "--force", "--filter", "label=org.gpulab.lab.base"], check=False)
+        # The build stage holds a second copy of every installed package (GBs); only the image is kept.
+        run(["docker", "image", "prune", "--force", "--filter", "label=org.gpulab.lab.stage=build"], check=False)
         shutil.rmtree(context, ignore_errors=True)
-    run(["docker", "push", "--quiet", local_ref])
+    if push:
+        run(["docker", "push", "--quiet", local_ref])
 
 
 def pinned_ref(cfg: LabConfig, key: str) -> str:

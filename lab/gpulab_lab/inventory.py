@@ -25,7 +25,13 @@ def lab_secrets() -> dict:
     return json.loads(path.read_text())
 
 
-def write_inventory(cfg: LabConfig) -> None:
+def vllm_image_key(images: list[str]) -> str:
+    """The vLLM image the lab deploys (lab_vllm_image): the seed's when it is the only vLLM image
+    asked for (LAB_IMAGES=vllm-seed), else today's."""
+    return "vllm-seed" if "vllm-seed" in images and "vllm" not in images else "vllm"
+
+
+def write_inventory(cfg: LabConfig, images: list[str]) -> None:
     key = CACHE / "ssh" / "id_ed25519"
     hosts = {}
     for i, name in enumerate(cfg.node_names, start=1):
@@ -44,7 +50,8 @@ def write_inventory(cfg: LabConfig) -> None:
                 "lab_mgmt_subnet": cfg.mgmt_subnet,
                 "lab_registry": cfg.registry,
                 "lab_ray_image": pinned_ref(cfg, "ray"),
-                "lab_vllm_image": pinned_ref(cfg, "vllm"),
+                "lab_vllm_image": pinned_ref(cfg, vllm_image_key(images)),
+                "lab_vllm_seed_image": pinned_ref(cfg, "vllm-seed"),
                 # A real lab keeps these in Ansible Vault; the lab makes its own per machine.
                 **lab_secrets(),
                 # Lab nodes share the machine's disk: the files the roles write go under the lab's

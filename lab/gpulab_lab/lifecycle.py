@@ -27,14 +27,23 @@ def read_state() -> dict | None:
         return None
 
 
-def check_prerequisites() -> None:
-    if os.geteuid() != 0:
-        raise LabError("the lab needs root (namespaces, bridges, daemons); run it as root")
-    for tool in ("ip", "iptables", "nsenter", "unshare", "dockerd", "docker", "docker-registry", "ssh-keygen", "debootstrap"):
+def _need_tools(tools) -> None:
+    for tool in tools:
         if shutil.which(tool) is None and not Path("/usr/sbin", tool).exists():
             raise LabError(f"{tool} is not installed; run `make deps` (installs the lab's Debian packages)")
+
+
+def check_build_prerequisites() -> None:
+    if os.geteuid() != 0:
+        raise LabError("the lab needs root (namespaces, bridges, daemons); run it as root")
+    _need_tools(("docker", "debootstrap"))
     if not ok(["docker", "info"]):
         raise LabError("the machine's Docker engine is not answering; run `make deps` to install and start it")
+
+
+def check_prerequisites() -> None:
+    check_build_prerequisites()
+    _need_tools(("ip", "iptables", "nsenter", "unshare", "dockerd", "docker-registry", "ssh-keygen"))
 
 
 def up(cfg: LabConfig, images: list[str]) -> None:
@@ -62,7 +71,7 @@ def up(cfg: LabConfig, images: list[str]) -> None:
     ensure_base_image()
     for key in images:
         ensure_image(cfg, key)
-    write_inventory(cfg)
+    write_inventory(cfg, images)
     fabric = ", ".join(f"{n}={cfg.node_fabric_if(i)}" for i, n in enumerate(cfg.node_names, start=1))
     log(f"up: {cfg.nodes} node(s), fabric {cfg.fabric_subnet} on {fabric}, {cfg.gpus_per_node} lab GPU(s) per node"
         f"{', unified memory on ' + cfg.unified_memory_nodes if cfg.unified_memory_nodes else ''}, "

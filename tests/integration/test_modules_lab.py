@@ -99,6 +99,25 @@ def lab():
     return hosts["all"]["vars"]
 
 
+# The modules run against both vLLM lab images: today's (vLLM 0.32, with the Ray image's Ray 2.60)
+# and the seed's (vLLM 0.17.1 and Ray 2.53 in one image, as our first users run them).
+VERSIONS = {
+    "current": {"ray_image": "lab_ray_image", "vllm_image": "lab_vllm_image", "ray": "2.60.0", "vllm": "0.32.0"},
+    "seed": {"ray_image": "lab_vllm_seed_image", "vllm_image": "lab_vllm_seed_image", "ray": "2.53.0", "vllm": "0.17.1"},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VERSIONS))
+def versions(request, lab):
+    chosen = dict(VERSIONS[request.param], name=request.param)
+    chosen["ray_image"], chosen["vllm_image"] = lab[chosen["ray_image"]], lab[chosen["vllm_image"]]
+    # The seed's image is about 9 GB: pull it once, with time for it, before the tests start containers.
+    for node in ("node1", "node2"):
+        for image in {chosen["ray_image"], chosen["vllm_image"]}:
+            docker(node, "pull", "--quiet", image, timeout=1200)
+    return chosen
+
+
 def start_ray_worker(image):
     docker("node2", "run", "-d", "--name", WORKER, "--network", "host", "--ipc", "host", "--shm-size", "1g", "--gpus", "all",
            "--entrypoint", "ray", image, "start", "--block", "--address=%s:%d" % (HEAD_IP, RAY_PORT),
@@ -106,8 +125,8 @@ def start_ray_worker(image):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(lab):
-    image = lab["lab_ray_image"]
+def ray_cluster(versions):
+    image = versions["ray_image"]
     docker("node1", "rm", "-f", HEAD, check=False)
     docker("node2", "rm", "-f", WORKER, check=False)
     try:
@@ -116,20 +135,20 @@ def ray_cluster(lab):
                "--port=%d" % RAY_PORT, "--num-gpus=1", "--include-dashboard=false")
         start_ray_worker(image)
         wait_for(lambda: ray_status_counts("node1", HEAD) == 2, 180, "2 Ray nodes active in %s" % HEAD)
-        yield image
+        yield versions
     finally:
         docker("node1", "rm", "-f", HEAD, check=False)
         docker("node2", "rm", "-f", WORKER, check=False)
 
 
 @pytest.fixture(scope="module")
-def vllm_server(lab):
+def vllm_server(versions):
     (ROOT / "build" / "fixture-lab").mkdir(parents=True, exist_ok=True)
     (ROOT / "build" / "fixture-lab" / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
     docker("node1", "rm", "-f", VLLM, check=False)
     try:
         docker("node1", "run", "-d", "--name", VLLM, "--network", "host", *VLLM_LAB_WORKAROUNDS,
-               lab["lab_vllm_image"], "/models/tiny-llama", "--port", "8001", "--served-model-name", "tiny",
+               versions["vllm_image"], "/models/tiny-llama", "--port", "8001", "--served-model-name", "tiny",
                "--enforce-eager",
                # The tiny model's tokenizer has no chat template of its own.
                "--chat-template", "{% for message in messages %}{{ message['content'] }}\n{% endfor %}")
@@ -147,7 +166,7 @@ def test_facts_of_the_two_node_cluster_match_ray_status(ray_cluster):
     facts = result["ansible_facts"]["ray_cluster"]
     assert facts["alive_nodes"] == ray_status_counts("node1", HEAD) == 2
     assert facts["gcs_address"] == "%s:%d" % (HEAD_IP, RAY_PORT)
-    assert facts["ray_version"] == "2.60.0"
+    assert facts["ray_version"] == ray_cluster["ray"]
     assert [(n["node_ip"], n["is_head"]) for n in facts["nodes"] if n["alive"]] == [(HEAD_IP, True), (WORKER_IP, False)]
     assert facts["gpus"] == 2.0 and facts["pending_nodes"] == 0
     assert facts["wait"]["polls"] == 1 and facts["wait"]["waited"] is False
@@ -185,9 +204,16 @@ def test_gate_times_out_with_one_clear_message(ray_cluster):
     assert facts["wait"]["elapsed"] >= 3 and facts["wait"]["polls"] >= 3
 
 
+def gcs_alive_nodes():
+    ok, result = run_module("gpulab.vllm.ray_cluster_facts", {"container": HEAD})
+    return result["ansible_facts"]["ray_cluster"]["alive_nodes"] if ok else None
+
+
 def test_gate_waits_for_a_worker_that_joins_late(ray_cluster):
     docker("node2", "rm", "-f", WORKER)
-    wait_for(lambda: ray_status_counts("node1", HEAD) == 1, 60, "the removed worker to leave the cluster")
+    # The GCS's node table, not `ray status`: with Ray 2.53, `ray status` listed the removed worker as
+    # active for more than five minutes after the GCS had marked it dead.
+    wait_for(lambda: gcs_alive_nodes() == 1, 60, "the removed worker to leave the cluster")
     env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_LOAD_CALLBACK_PLUGINS="1",
                ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
     gate = subprocess.Popen(
@@ -197,7 +223,7 @@ def test_gate_waits_for_a_worker_that_joins_late(ray_cluster):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     # The gate is polling while the worker starts, 4 s later, and joins.
     time.sleep(4)
-    start_ray_worker(ray_cluster)
+    start_ray_worker(ray_cluster["ray_image"])
     out, err = gate.communicate(timeout=180)
     result = json.loads(out)["plays"][0]["tasks"][0]["hosts"]["node1"]
     assert not result.get("failed"), result.get("msg") or err
@@ -243,10 +269,10 @@ def test_vllm_wait_reports_how_long_the_server_took(vllm_server):
     assert result["waited"]["polls"] >= 1
 
 
-def test_vllm_healthy_server_answers_every_probe(vllm_server):
+def test_vllm_healthy_server_answers_every_probe(vllm_server, versions):
     ok, result = run_module("gpulab.vllm.vllm_health", {"base_url": vllm_server, "model": "tiny", "metrics": True})
     assert ok, result.get("msg")
-    assert result["served_models"] == ["tiny"] and result["vllm_version"]
+    assert result["served_models"] == ["tiny"] and result["vllm_version"].startswith(versions["vllm"])
     assert isinstance(result["generated_text"], str)
     assert result["time_to_first_token_s"] > 0
     assert set(result["probes"]) == {"health", "models", "version", "generation", "metrics"}
@@ -284,12 +310,14 @@ def test_vllm_unreachable_with_wait_times_out(lab):
     assert result["waited"]["elapsed"] >= 3 and result["waited"]["polls"] >= 3
 
 
-def test_vllm_dead_engine_is_reported_with_the_servers_own_error(vllm_server):
-    # Last vLLM test: it kills the model worker of the session's server. vLLM 0.32 then
-    # answers /health 503 and generations 500 for a few seconds and shuts its API server
-    # down (killing the EngineCore instead shuts it down at once). The probe runs right
-    # away; if it comes after the shutdown, that must be reported clearly as well.
-    docker("node1", "exec", VLLM, "pkill", "-9", "-f", "VLLM::Worker")
+def test_vllm_dead_engine_is_reported_with_the_servers_own_error(vllm_server, versions):
+    # Last vLLM test: it kills the process that runs the model. vLLM 0.32 runs it in a worker
+    # process (VLLM::Worker) and then answers /health 503 and generations 500 for a few seconds
+    # before it shuts its API server down. vLLM 0.17 runs it in the engine core itself at TP 1;
+    # killed, the server keeps answering /health 200 while generations fail with 500, then shuts
+    # down. The probe runs right away; if it comes after the shutdown, that must be clear as well.
+    process = "VLLM::Worker" if versions["vllm"] == "0.32.0" else "VLLM::EngineCore"
+    docker("node1", "exec", VLLM, "pkill", "-9", "-f", process)
     ok, result = run_module("gpulab.vllm.vllm_health", {"base_url": vllm_server, "model": "tiny"})
     assert not ok, result
     assert "\n" not in result["msg"]
@@ -297,19 +325,21 @@ def test_vllm_dead_engine_is_reported_with_the_servers_own_error(vllm_server):
         assert "/health got no answer: ConnectionRefusedError" in result["msg"]
         return
     assert result["failed_stage"] in ("unhealthy", "generation_failed")
+    # /health alone would call 0.17's dead engine healthy; the generation does not.
+    assert result["probes"]["health"]["status"] == (503 if versions["vllm"] == "0.32.0" else 200)
     assert result["probes"]["models"]["ok"]
     assert result["probes"]["generation"]["status"] == 500
     assert "answered HTTP 500: EngineCore encountered an issue" in result["msg"]
 
 
-def test_vllm_wait_ends_when_the_server_container_exits(lab):
+def test_vllm_wait_ends_when_the_server_container_exits(versions):
     """A server that dies while the module waits ends the wait at once, with the server's own last error line,
     read through the Docker Engine API on the node (not after wait_timeout)."""
     name = "fixture-it-vllm-exits"
     docker("node1", "rm", "-f", name, check=False)
     try:
         docker("node1", "run", "-d", "--name", name, "--network", "host", *VLLM_LAB_WORKAROUNDS,
-               lab["lab_vllm_image"], "/models/no-such-model", "--port", "8002")
+               versions["vllm_image"], "/models/no-such-model", "--port", "8002")
         ok, result = run_module("gpulab.vllm.vllm_health", {
             "base_url": "http://10.210.0.11:8002", "container": name, "wait": True, "wait_timeout": 600, "wait_sleep": 0.5})
         assert not ok and result["failed_stage"] == "server_exited", result

