@@ -210,17 +210,20 @@ def node_run(netns: str | None, argv: list[str]) -> dict:
     return dict(command=shlex.join(full), **run(full))
 
 
-def docker_api(docker_host: str, path: str) -> dict:
-    """One GET of the Docker Engine API with curl: the status and the JSON body, parsed."""
+def docker_api(docker_host: str, path: str, headers: dict | None = None) -> dict:
+    """One GET of the Docker Engine API with curl: the status and the JSON body, parsed. The headers are sent;
+    their values are not recorded (X-Registry-Auth holds credentials)."""
     if docker_host.startswith("unix://"):
         argv = ["curl", "-sS", "-g", "--unix-socket", docker_host[len("unix://"):], "http://docker" + path]
     elif docker_host.startswith("tcp://"):
         argv = ["curl", "-sS", "-g", "http://" + docker_host[len("tcp://"):].rstrip("/") + path]
     else:
         raise SystemExit("--docker-host must start with unix:// or tcp://")
-    done = run(argv[:-1] + ["-w", "\n%{http_code}", argv[-1]])
+    sent = [item for key, value in (headers or {}).items() for item in ("-H", f"{key}: {value}")]
+    shown = [item for key in headers or {} for item in ("-H", f"{key}: <not recorded>")]
+    done = run(argv[:-1] + sent + ["-w", "\n%{http_code}", argv[-1]])
     body, _sep, status = done["stdout"].rpartition("\n")
-    record = {"path": path, "command": shlex.join(argv), "rc": done["rc"], "stderr": done["stderr"],
+    record = {"path": path, "command": shlex.join(argv[:-1] + shown + argv[-1:]), "rc": done["rc"], "stderr": done["stderr"],
               "status": int(status) if status.isdigit() and status != "000" else None, "body": None}
     try:
         record["body"] = json.loads(body) if body.strip() else None

@@ -1,13 +1,15 @@
 # -*- coding: utf-8 -*-
 # Copyright: (c) 2026, gpulab.vllm maintainers
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What node_facts reads on a node: the collection's containers, listening ports, firewall chains, files.
+"""What node_facts reads on a node: the collection's containers, listening ports, firewall chains, files, the
+platform its Docker daemon pulls for and the platforms of images.
 
 Pure functions where possible, so that unit tests run them on listings recorded from the lab.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
 import json
@@ -45,11 +47,11 @@ def _connection(docker_host, timeout):
     raise DockerError("docker_host must start with unix:// or tcp://, not %r" % docker_host)
 
 
-def _docker_raw(docker_host, path, timeout):
+def _docker_raw(docker_host, path, timeout, headers=None):
     """GET one Engine API path; (status, body bytes)."""
     conn = _connection(docker_host, timeout)
     try:
-        conn.request("GET", path, headers={"Host": "docker"})
+        conn.request("GET", path, headers=dict(headers or {}, Host="docker"))
         response = conn.getresponse()
         return response.status, response.read()
     except (OSError, http.client.HTTPException) as exc:
@@ -58,9 +60,9 @@ def _docker_raw(docker_host, path, timeout):
         conn.close()
 
 
-def docker_get(docker_host, path, timeout):
+def docker_get(docker_host, path, timeout, headers=None):
     """GET one Engine API path; (status, parsed JSON body or None)."""
-    status, body = _docker_raw(docker_host, path, timeout)
+    status, body = _docker_raw(docker_host, path, timeout, headers)
     try:
         return status, json.loads(body) if body else None
     except ValueError:
@@ -130,18 +132,177 @@ def docker_logs(docker_host, name, tail, timeout):
     return split_log_stream(raw)
 
 
-def docker_images(docker_host, refs, timeout):
-    """By reference: whether the daemon has the image, its ID, repository digests and entrypoint."""
+def docker_platform(docker_host, timeout):
+    """The platform the node's Docker daemon pulls for, as OCI names it: {'os': 'linux', 'architecture': 'arm64'}.
+
+    GET /version answers with the daemon's own Os and Arch (Go's names, which are OCI's): the platform it picks
+    from an image index and the one it compares a single image with. /info's Architecture is the kernel's
+    (uname: x86_64, aarch64), which a 32-bit daemon on a 64-bit kernel does not pull for."""
+    status, doc = docker_get(docker_host, "/version", timeout)
+    if status != 200:
+        raise DockerError("asking the daemon's version answered HTTP %s: %s" % (status, _message(doc)))
+    return platform_of_version(doc)
+
+
+def platform_of_version(doc):
+    return {"os": (doc or {}).get("Os"), "architecture": (doc or {}).get("Arch")}
+
+
+def absent_image(error=None):
+    return {"present": False, "id": None, "repo_digests": [], "entrypoint": [], "os": None, "architecture": None,
+            "variant": None, "error": error, "registry": None}
+
+
+def summarize_image(doc):
+    """The part of an image's inspect document (GET /images/REF/json) the roles decide on."""
+    return {"present": True, "id": doc.get("Id"), "repo_digests": doc.get("RepoDigests") or [],
+            "entrypoint": (doc.get("Config") or {}).get("Entrypoint") or [], "os": doc.get("Os"),
+            "architecture": doc.get("Architecture"), "variant": doc.get("Variant"), "error": None, "registry": None}
+
+
+def summarize_distribution(status, doc):
+    """The daemon's answer to GET /distribution/REF/json: the registry's digest and media type of the reference,
+    the platforms it lists (an image index lists each of its images; for a single image the daemon reads the
+    platform from the image's config, except that Docker 20.10 lists none for an OCI image manifest: null), or
+    the error in the registry's (or the daemon's) own words, on one line."""
+    if status == 200:
+        descriptor = (doc or {}).get("Descriptor") or {}
+        platforms = [dict((key, item.get(key)) for key in ("os", "architecture", "variant"))
+                     for item in (doc or {}).get("Platforms") or []]
+        return {"digest": descriptor.get("digest"), "media_type": descriptor.get("mediaType"),
+                "platforms": platforms or None, "error": None}
+    message = " ".join(_message(doc).split()) if isinstance(doc, dict) and doc.get("message") else "HTTP %s" % status
+    return {"digest": None, "media_type": None, "platforms": None, "error": message}
+
+
+def registry_of(ref):
+    """The registry a reference names, as Docker reads it: the first part when it has a dot or a port or is
+    localhost, else Docker Hub."""
+    first, sep = ref.partition("/")[:2]
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+# Docker Hub's key in a client's config.json, as the docker CLI writes it.
+_DOCKER_HUB_KEY = "https://index.docker.io/v1/"
+
+
+def _config_key(registry):
+    return _DOCKER_HUB_KEY if registry in ("docker.io", "index.docker.io", "registry-1.docker.io") else registry
+
+
+def _host_of(key):
+    """The host of a config.json key, which may be a URL (https://host/v1/)."""
+    return key.split("://", 1)[-1].split("/", 1)[0]
+
+
+def docker_config_path(environ=None):
+    """The docker client's config file of the user the module runs as: $DOCKER_CONFIG/config.json or
+    ~/.docker/config.json, as the docker CLI and community.docker read it."""
+    environ = os.environ if environ is None else environ
+    folder = environ.get("DOCKER_CONFIG") or os.path.join(os.path.expanduser("~"), ".docker")
+    return os.path.join(folder, "config.json")
+
+
+def read_docker_config(path):
+    """The client's config file, parsed; {} when there is none or it cannot be read."""
+    try:
+        with open(path) as handle:
+            config = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def registry_credentials(ref, config, ask_helper):
+    """The credentials the docker client of this node would send for ref's registry, as the Engine API takes
+    them (a dict for X-Registry-Auth), or None.
+
+    As the docker CLI: the credential helper the config names for the registry (credHelpers), else its
+    credsStore, asked through ask_helper(NAME, SERVER) (`docker-credential-NAME get`, its JSON answer or None);
+    else the registry's entry of `auths`. The Docker daemon keeps no credentials of its own: the client sends
+    them with each pull, and so must a query of the registry."""
+    registry = registry_of(ref)
+    key = _config_key(registry)
+    helpers = config.get("credHelpers") or {}
+    helper = helpers.get(registry) or helpers.get(key) or config.get("credsStore")
+    if helper:
+        answer = ask_helper(helper, key)
+        if not isinstance(answer, dict) or not answer.get("Secret"):
+            return None
+        if answer.get("Username") == "<token>":
+            return {"identitytoken": answer["Secret"], "serveraddress": key}
+        return {"username": answer.get("Username") or "", "password": answer["Secret"], "serveraddress": key}
+    auths = config.get("auths") or {}
+    entry = auths.get(key) or next((value for name, value in auths.items() if _host_of(name) == _host_of(key)), None)
+    if not isinstance(entry, dict):
+        return None
+    credentials = {"serveraddress": key}
+    if entry.get("auth"):
+        try:
+            user, _sep, password = base64.b64decode(entry["auth"]).decode("utf-8").partition(":")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        credentials.update(username=user, password=password)
+    elif entry.get("username"):
+        credentials.update(username=entry["username"], password=entry.get("password") or "")
+    for name in ("identitytoken", "registrytoken"):
+        if entry.get(name):
+            credentials[name] = entry[name]
+    return credentials if len(credentials) > 1 else None
+
+
+def registry_auth_header(credentials):
+    """X-Registry-Auth: the credentials as URL-safe base64 of their JSON, as the docker CLI sends them."""
+    return {"X-Registry-Auth": base64.urlsafe_b64encode(json.dumps(credentials).encode()).decode()} if credentials else {}
+
+
+def docker_distribution(docker_host, ref, timeout, credentials=None):
+    """Ask the registry, through the node's Docker daemon (its registry settings: mirrors, insecure registries,
+    certificates; the client's credentials), for the platforms of ref. Never fails: an error is part of the answer."""
+    try:
+        status, doc = docker_get(docker_host, "/distribution/%s/json" % quote(ref, safe="/:@"), timeout,
+                                 registry_auth_header(credentials))
+    except DockerError as exc:
+        text = str(exc)
+        if "timed out" in text:
+            text = "no answer through the node's Docker daemon within %g s" % timeout
+        return {"digest": None, "media_type": None, "platforms": None, "error": text}
+    return summarize_distribution(status, doc)
+
+
+def needs_registry(ask_registry, ref, image):
+    """Whether to ask the registry about ref: never; for an image the node lacks (absent); or also for one it has
+    by tag (always: a pull would fetch whatever the tag names now; a digest names one image for good)."""
+    if ask_registry == "never" or image.get("error"):
+        return False
+    if not image["present"]:
+        return True
+    return ask_registry == "always" and "@" not in ref
+
+
+def docker_images(docker_host, refs, timeout, ask_registry="never", credentials_for=None):
+    """By reference: whether the daemon has the image, its ID, repository digests, entrypoint and platform; a
+    reference the daemon refuses is absent with the daemon's words in `error`; with ask_registry (needs_registry),
+    the registry's answer (summarize_distribution) in `registry`, asked with credentials_for(REF)."""
     images = {}
     for ref in refs:
+        if not ref:
+            images[ref] = absent_image("empty image reference")
+            continue
         status, doc = docker_get(docker_host, "/images/%s/json" % quote(ref, safe="/:@"), timeout)
         if status == 404:
-            images[ref] = {"present": False, "id": None, "repo_digests": [], "entrypoint": []}
+            images[ref] = absent_image()
         elif status == 200:
-            images[ref] = {"present": True, "id": doc.get("Id"), "repo_digests": doc.get("RepoDigests") or [],
-                           "entrypoint": (doc.get("Config") or {}).get("Entrypoint") or []}
+            images[ref] = summarize_image(doc)
+        elif status == 400:
+            images[ref] = absent_image(" ".join(_message(doc).split()))
         else:
             raise DockerError("inspecting image %s answered HTTP %s: %s" % (ref, status, _message(doc)))
+        if needs_registry(ask_registry, ref, images[ref]):
+            credentials = credentials_for(ref) if credentials_for else None
+            images[ref]["registry"] = docker_distribution(docker_host, ref, timeout, credentials)
     return images
 
 

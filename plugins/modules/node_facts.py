@@ -14,7 +14,10 @@ description:
   - Reads, on the node where it runs, everything the roles of this collection decide on before they change
     anything; one module run instead of one per question, which is most of the time a re-run on a healthy
     cluster takes.
-  - Whether the images of O(images) are on the node.
+  - Whether the images of O(images) are on the node, and for which platform each was built.
+  - The platform the node's Docker daemon pulls for (its own OS and architecture).
+  - With O(ask_registry), the platforms the registry has for an image (through the node's Docker daemon, with the
+    credentials the node's docker client would send), before anything is pulled.
   - The collection's containers (those that carry the O(label)) and any container named in O(containers),
     from the Docker Engine API on O(docker_host); whether each exists and runs, its image ID and labels.
   - The network interfaces with their IPv4 addresses and link state (from C(ip -j address show)), in the shape of
@@ -50,10 +53,26 @@ options:
   images:
     description:
       - Image references (C(name:tag) or C(name@sha256:...)) whose presence on the node to report, with their
-        image ID; nothing is pulled.
+        image ID and platform; nothing is pulled.
+      - A reference the daemon refuses (not a reference at all) is reported absent, with the daemon's words.
     type: list
     elements: str
     default: []
+  ask_registry:
+    description:
+      - When to ask the registry for the platforms of an image of O(images), through the node's Docker daemon
+        (C(GET /distribution/REF/json)), so that the daemon's own registry settings apply (mirrors, insecure
+        registries, certificates).
+      - The credentials are those the node's docker client would send (C($DOCKER_CONFIG/config.json) or
+        C(~/.docker/config.json) of the user the module runs as, its credential helpers included); the daemon keeps
+        none of its own. They are never returned.
+      - V(never) asks nothing. V(absent) asks for an image the node lacks. V(always) also asks for an image the node
+        has by tag, since a pull fetches whatever the tag names now; an image the node has by digest is never asked
+        for again.
+      - A registry that cannot answer does not fail the module; its words are in RV(ansible_facts.gpulab_node.images).
+    type: str
+    choices: [never, absent, always]
+    default: never
   paths:
     description:
       - Paths whose existence to report, for example device nodes.
@@ -95,7 +114,8 @@ options:
         type: str
   timeout:
     description:
-      - Seconds to wait for the Docker daemon and for C(iptables).
+      - Seconds to wait for the Docker daemon (for each request, the registry's answer through it included) and for
+        C(iptables).
     type: float
     default: 10
 extends_documentation_fragment:
@@ -153,10 +173,26 @@ ansible_facts:
                    "mtu": 1500, "macaddress": "5e:0a:77:1c:02:11", "ipv4": {"address": "10.220.0.12", "prefix": "24"},
                    "ipv4_secondaries": []}}
         images:
-          description: By reference of O(images), C(present), C(id), C(repo_digests) and C(entrypoint) (a list).
+          description:
+            - By reference of O(images), C(present), C(id), C(repo_digests), C(entrypoint) (a list), and the platform the
+              node's copy was built for, C(os), C(architecture), C(variant) (null when absent).
+            - C(error), the daemon's words when it refuses the reference, else null.
+            - C(registry), null when the registry was not asked (O(ask_registry)); else C(digest) and C(media_type) of
+              what the reference names there, C(platforms) (a list of C(os), C(architecture), C(variant); one per image
+              of an image index; null when the daemon could not tell, as Docker 20.10 for an OCI image manifest) and
+              C(error) (the registry's or the daemon's words on one line, or null).
           type: dict
-          sample: {"10.210.0.1:5055/gpulab/ray@sha256:9f2c...": {"present": true, "id": "sha256:2e0f...",
-                   "repo_digests": ["10.210.0.1:5055/gpulab/ray@sha256:9f2c..."], "entrypoint": []}}
+          sample: {"nvcr.io/nvidia/vllm:26.02-py3": {"present": false, "id": null, "repo_digests": [], "entrypoint": [],
+                   "os": null, "architecture": null, "variant": null, "error": null,
+                   "registry": {"digest": "sha256:71725d...", "media_type": "application/vnd.oci.image.index.v1+json",
+                                "platforms": [{"os": "linux", "architecture": "amd64", "variant": null},
+                                              {"os": "linux", "architecture": "arm64", "variant": "v8"}], "error": null}}}
+        platform:
+          description:
+            - The platform the node's Docker daemon pulls for, C(os) and C(architecture) as OCI names them (C(amd64),
+              C(arm64)), from C(GET /version); a DGX Spark is C(linux)/C(arm64).
+          type: dict
+          sample: {"os": "linux", "architecture": "arm64"}
         listening_tcp_ports:
           description: TCP ports in the LISTEN state on any address, sorted.
           type: list
@@ -188,18 +224,46 @@ ansible_facts:
 """
 
 import glob
+import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpulab.vllm.plugins.module_utils._node import (
     DockerError,
     describe_file,
+    docker_config_path,
     docker_containers,
     docker_images,
+    docker_platform,
     listening_ports,
     parse_ip_address_json,
+    read_docker_config,
+    registry_credentials,
     split_iptables_listing,
 )
+
+
+def credentials_reader(module):
+    """credentials_for(REF) for docker_images: the node's docker client config, read at the first image the
+    registry is asked about, and its credential helpers run as the docker CLI runs them."""
+    config = []
+
+    def ask_helper(name, server):
+        helper = module.get_bin_path("docker-credential-" + name)
+        if helper is None:
+            return None
+        rc, out, unused_err = module.run_command([helper, "get"], data=server, binary_data=True)
+        try:
+            return json.loads(out) if rc == 0 else None
+        except ValueError:
+            return None
+
+    def credentials_for(ref):
+        if not config:
+            config.append(read_docker_config(docker_config_path()))
+        return registry_credentials(ref, config[0], ask_helper)
+
+    return credentials_for
 
 
 def main():
@@ -209,6 +273,7 @@ def main():
             label=dict(type="str", default="org.gpulab.vllm.role"),
             containers=dict(type="list", elements="str", default=[]),
             images=dict(type="list", elements="str", default=[]),
+            ask_registry=dict(type="str", choices=["never", "absent", "always"], default="never"),
             paths=dict(type="list", elements="path", default=["/dev/nvidia0", "/dev/infiniband"]),
             globs=dict(type="list", elements="str", default=["/dev/nvidia[0-9]*"]),
             rdma_class=dict(type="path", default="/sys/class/infiniband"),
@@ -225,7 +290,9 @@ def main():
     node = {}
     try:
         node["containers"] = docker_containers(params["docker_host"], params["label"], params["containers"], params["timeout"])
-        node["images"] = docker_images(params["docker_host"], params["images"], params["timeout"])
+        node["platform"] = docker_platform(params["docker_host"], params["timeout"])
+        node["images"] = docker_images(params["docker_host"], params["images"], params["timeout"], params["ask_registry"],
+                                       credentials_reader(module))
     except DockerError as exc:
         module.fail_json(msg="cannot read the containers from the Docker daemon at %s: %s; start Docker on this node "
                              "(systemctl start docker) or point docker_host at its socket" % (params["docker_host"], exc))

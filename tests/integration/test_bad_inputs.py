@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-from labkit import BIN, LAB_INVENTORY, ROOT, lab_hosts as _lab_hosts, node_docker, playbook_env as _env
+from labkit import BIN, LAB_INVENTORY, ROOT, lab_hosts as _lab_hosts, node_docker, playbook_env as _env, single_file_image
 
 
 def _node_docker(node: str, *args: str) -> str:
@@ -239,4 +239,35 @@ def test_ray_versions_differ_fails_before_ray_starts(lab, tmp_path):
     assert result.returncode != 0
     assert "Ray versions differ between nodes (node1=2.60.0, node2=2.53.0)" in text, text
     assert "give every node the same image" in text
+    assert after == before
+
+
+@pytest.fixture()
+def arm64_only_image(lab, tmp_path):
+    """An image built for linux/arm64 only (as a DGX Spark build), pushed to the lab registry through this machine's
+    Docker and on no node; the lab's nodes are amd64. Yields its reference as the nodes reach the registry."""
+    registry = lab["hosts"]["all"]["vars"]["lab_registry"]
+    local = f"127.0.0.1:{registry.rsplit(':', 1)[1]}/gpulab/arm64-only:test"
+    single_file_image(local, "arm64", tmp_path / "arm64-only")
+    try:
+        subprocess.run(["docker", "push", "-q", local], check=True, capture_output=True, timeout=120)
+        yield f"{registry}/gpulab/arm64-only:test"
+    finally:
+        subprocess.run(["docker", "image", "rm", local], capture_output=True, check=False, timeout=60)
+
+
+def test_image_for_another_architecture_fails_before_any_pull(lab, arm64_only_image):
+    """Preflight asks each node's Docker daemon what the registry has for the image: arm64 only, on amd64 nodes.
+    Every node is refused in one line, and nothing is pulled or started."""
+    before = snapshot(lab["nodes"])
+    result = deploy(LAB_INVENTORY, "-e", json.dumps({"image_ref": arm64_only_image}))
+    after = snapshot(lab["nodes"])
+    errors = error_lines(result.stdout)
+    assert result.returncode != 0, result.stdout[-2000:]
+    for node in lab["nodes"]:
+        line = (f"{node} (linux/amd64) cannot run {arm64_only_image}: the registry has it for linux/arm64/v8 only; "
+                "use a multi-arch tag (one whose image index lists linux/amd64) or the image's amd64 build")
+        assert any(line in error for error in errors), "\n".join(errors)
+        assert node_docker(node, "image", "inspect", arm64_only_image, check=False).returncode != 0, f"{node} pulled it"
+    assert "Traceback" not in result.stdout + result.stderr
     assert after == before

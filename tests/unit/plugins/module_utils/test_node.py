@@ -459,13 +459,16 @@ def test_docker_images_on_the_recorded_daemon(name, monkeypatch):
     refs = list(record["docker"]["images"])
     images = _node.docker_images(record["docker_host"], refs, 10)
     assert list(images) == refs
-    assert images[record["missing_image"]] == {"present": False, "id": None, "repo_digests": [], "entrypoint": []}
+    assert images[record["missing_image"]] == {"present": False, "id": None, "repo_digests": [], "entrypoint": [],
+                                               "os": None, "architecture": None, "variant": None, "error": None,
+                                               "registry": None}
     present = [ref for ref in refs if ref != record["missing_image"]]
     assert present, "the recording holds none of the lab's images"
     for ref in present:
         body = record["docker"]["images"][ref]["body"]
         assert images[ref] == {"present": True, "id": body["Id"], "repo_digests": body["RepoDigests"],
-                               "entrypoint": body["Config"]["Entrypoint"] or []}
+                               "entrypoint": body["Config"]["Entrypoint"] or [], "os": "linux", "architecture": "amd64",
+                               "variant": None, "error": None, "registry": None}
         # The lab pins its images by digest: the node knows the image under that very reference.
         assert ref in images[ref]["repo_digests"]
         assert images[ref]["id"].startswith("sha256:")

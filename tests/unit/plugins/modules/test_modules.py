@@ -1,4 +1,4 @@
-"""The two modules end to end in-process: arguments in, exit or fail JSON out, on recorded lab data."""
+"""The modules end to end in-process: arguments in, exit or fail JSON out, on recorded lab data."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ except ImportError:  # ansible-core 2.17 and 2.18 read the arguments from basic.
             yield
 
 from conftest import load_fixture
+from platform_replay import RECORD, REFS, replay
 from vllm_replay import ReplayServer, closed_loopback_port
-from ansible_collections.gpulab.vllm.plugins.modules import ray_cluster_facts, vllm_health
+from ansible_collections.gpulab.vllm.plugins.module_utils import _node
+from ansible_collections.gpulab.vllm.plugins.modules import node_facts, ray_cluster_facts, vllm_health
 
 
 def run_main(module, args, capsys):
@@ -131,3 +133,74 @@ def test_vllm_module_waits_then_times_out_on_a_closed_port(capsys):
 ])
 def test_vllm_module_refuses_bad_options(capsys, args, message):
     assert run_main(vllm_health, args, capsys)["msg"] == message
+
+
+@pytest.fixture()
+def node_without_deployment(monkeypatch):
+    """node_facts on a node: the lab's node1 with nothing deployed (its containers and addresses, recorded), and
+    the Docker daemon recorded by tests/fixtures_record_platforms.py for the platform and the images, its
+    registry with basic authentication. Yields the requests the module sent to the daemon."""
+    lab = load_fixture("node", "node1_nothing_deployed")
+    docker_get, calls = replay(auth=RECORD["auth"])
+    lab_answers = dict((item["path"], item) for item in [lab["docker"]["listing"]] + list(lab["docker"]["inspect"].values()))
+
+    def answer(docker_host, path, timeout, headers=None):
+        if path.startswith("/containers/"):
+            return lab_answers[path]["status"], lab_answers[path]["body"]
+        return docker_get(RECORD["docker_host"], path, timeout, headers)
+
+    def run_command(self, argv, **kwargs):
+        # A credential helper stand-in (docker-credential-archprobe get) for the recorded registry's user.
+        if argv[0].endswith("/docker-credential-archprobe"):
+            assert argv[1:] == ["get"] and kwargs["data"] == RECORD["registry"]
+            return 0, json.dumps({"ServerURL": kwargs["data"], "Username": "archprobe", "Secret": "archprobe-not-a-secret"}), ""
+        assert argv[0].endswith("/ip"), argv
+        return 0, lab["ip_address"]["stdout"], ""
+
+    monkeypatch.setattr(_node, "docker_get", answer)
+    with mock.patch.object(basic.AnsibleModule, "get_bin_path", side_effect=lambda name, *a, **k: "/usr/sbin/" + name), \
+            mock.patch.object(basic.AnsibleModule, "run_command", run_command):
+        yield calls
+
+
+def test_node_facts_reads_the_platform_and_asks_the_registry_with_the_clients_credentials(
+        capsys, tmp_path, monkeypatch, node_without_deployment):
+    (tmp_path / "config.json").write_text(json.dumps(RECORD["auth"]["config_json"]))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    result = run_main(node_facts, {"images": [REFS["oci_multi"], REFS["multi"]], "ask_registry": "absent",
+                                   "paths": [], "globs": []}, capsys)
+    assert result["_rc"] == 0 and result["changed"] is False, result.get("msg")
+    node = result["ansible_facts"]["gpulab_node"]
+    assert node["platform"] == {"os": "linux", "architecture": "amd64"}
+    assert node["images"][REFS["multi"]]["registry"] is None, "the node has it: the registry is not asked"
+    assert node["images"][REFS["oci_multi"]]["registry"]["error"] is None
+    assert [p["architecture"] for p in node["images"][REFS["oci_multi"]]["registry"]["platforms"]] == ["amd64", "arm64"]
+    sent = [headers for path, headers in node_without_deployment if path.startswith("/distribution/")]
+    assert len(sent) == 1 and sent[0]["X-Registry-Auth"]
+    assert "archprobe-not-a-secret" not in json.dumps(result) and sent[0]["X-Registry-Auth"] not in json.dumps(result)
+
+
+def test_node_facts_asks_the_credential_helper_the_client_config_names(capsys, tmp_path, monkeypatch, node_without_deployment):
+    (tmp_path / "config.json").write_text(json.dumps({"credsStore": "archprobe"}))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    result = run_main(node_facts, {"images": [REFS["oci_multi"]], "ask_registry": "absent", "paths": [], "globs": []}, capsys)
+    registry = result["ansible_facts"]["gpulab_node"]["images"][REFS["oci_multi"]]["registry"]
+    assert registry["error"] is None and len(registry["platforms"]) == 2
+    assert "archprobe-not-a-secret" not in json.dumps(result)
+
+
+def test_node_facts_without_credentials_reports_the_registrys_words(capsys, tmp_path, monkeypatch, node_without_deployment):
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    result = run_main(node_facts, {"images": [REFS["oci_multi"], "not an image!"], "ask_registry": "always",
+                                   "paths": [], "globs": []}, capsys)
+    assert result["_rc"] == 0, result.get("msg")
+    images = result["ansible_facts"]["gpulab_node"]["images"]
+    assert "no basic auth credentials" in images[REFS["oci_multi"]]["registry"]["error"]
+    assert images["not an image!"]["error"] == "no such image: not an image!: invalid reference format"
+    assert images["not an image!"]["registry"] is None
+
+
+def test_node_facts_asks_no_registry_by_default(capsys, node_without_deployment):
+    result = run_main(node_facts, {"images": [REFS["oci_multi"]], "paths": [], "globs": []}, capsys)
+    assert result["ansible_facts"]["gpulab_node"]["images"][REFS["oci_multi"]]["registry"] is None
+    assert not [path for path, _headers in node_without_deployment if path.startswith("/distribution/")]
