@@ -5,14 +5,15 @@
 # new files are checked before their first commit.
 #   tests/sanity.sh                      every test that runs offline
 #   tests/sanity.sh --test validate-modules plugins/modules/vllm_health.py
-#   SANITY_VENV=build/matrix/core-2.21 SANITY_PYTHON=3.12 tests/sanity.sh   another ansible-core (tests/matrix.py)
+#   SANITY_VENV=build/matrix/core-2.17 tests/sanity.sh   another ansible-core (tests/matrix.py)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${SANITY_VENV:-$ROOT/.venv}"
 case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
 VENV_BIN="$VENV/bin"
-PYTHON_VERSION="${SANITY_PYTHON:-3.11}"
+# ansible-test runs on the venv's Python.
+PYTHON_VERSION="$("$VENV_BIN/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 DEST="$ROOT/build/sanity/$(basename "$VENV")/ansible_collections/gpulab/vllm"
 
 rm -rf "$DEST"
