@@ -1,7 +1,8 @@
 """Run every test stage of gpulab.vllm in order and print one summary line per stage.
 
 Stages: lint (ansible-lint, production profile), sanity (ansible-test on an
-ansible_collections/gpulab/vllm tree), unit (pytest on recorded fixtures),
+ansible_collections/gpulab/vllm tree; compile and import on the node Pythons 3.9 to 3.13 too),
+unit (pytest on recorded fixtures),
 collection (build the tarball and resolve the modules by FQCN from an install of it),
 matrix (unit and sanity on ansible-core 2.17 and 2.19, each in its own venv; .venv has 2.21),
 lab (the modules and the bad-input suite against the lab), then every molecule
