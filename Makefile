@@ -24,7 +24,7 @@ UNIFIED_MEMORY_NODES ?= node2
 LAB_IMAGES ?= ray vllm
 export NODES FABRIC_SUBNET MGMT_SUBNET FABRIC_IF GPUS_PER_NODE UNIFIED_MEMORY_NODES LAB_IMAGES
 
-DEBIAN_PACKAGES := docker.io iptables iputils-ping debootstrap docker-registry openssh-server iproute2 python3-requests
+DEBIAN_PACKAGES := docker.io iptables iputils-ping debootstrap docker-registry openssh-server iproute2 python3-requests shellcheck
 
 .PHONY: help deps venv lab-up lab-down lab-status demo test bench collection clean
 
