@@ -2,7 +2,12 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
+# PYTHON runs the lab's own scripts (lab-down and lab-status work without .venv).
 PYTHON ?= python3
+# .venv's Python: ansible-core 2.20 and later need 3.12 or newer on the controller
+# (tests/find_python.sh: the newest ~/.pyenv/versions/3.12.*, else a python3.12 on the PATH that runs).
+VENV_PYTHON_VERSION := 3.12
+VENV_PYTHON ?= $(shell tests/find_python.sh $(VENV_PYTHON_VERSION) 2>/dev/null)
 VENV := .venv
 BIN := $(VENV)/bin
 export PATH := $(CURDIR)/$(BIN):$(PATH)
@@ -19,7 +24,7 @@ UNIFIED_MEMORY_NODES ?= node2
 LAB_IMAGES ?= ray vllm
 export NODES FABRIC_SUBNET MGMT_SUBNET FABRIC_IF GPUS_PER_NODE UNIFIED_MEMORY_NODES LAB_IMAGES
 
-DEBIAN_PACKAGES := docker.io iptables iputils-ping debootstrap docker-registry openssh-server iproute2 python3-requests
+DEBIAN_PACKAGES := docker.io iptables iputils-ping debootstrap docker-registry openssh-server iproute2 python3-requests shellcheck
 
 .PHONY: help deps venv lab-up lab-down lab-status demo test bench collection clean
 
@@ -36,9 +41,15 @@ deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 	@lab/ensure-docker.sh
 
-$(BIN)/.installed: requirements.txt
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+# The stamp names the Python: a .venv made by another one (or by hand) is made again, never upgraded in place.
+$(BIN)/.installed-python$(VENV_PYTHON_VERSION): requirements.txt
+	@py="$(VENV_PYTHON)"; \
+	if [ -z "$$py" ]; then echo "venv: no Python $(VENV_PYTHON_VERSION) (looked for ~/.pyenv/versions/$(VENV_PYTHON_VERSION).*/bin/python$(VENV_PYTHON_VERSION) and python$(VENV_PYTHON_VERSION) on the PATH); install it or set VENV_PYTHON" >&2; exit 1; fi; \
+	if [ -e $(VENV) ] && [ "$$($(BIN)/python -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)" != "$(VENV_PYTHON_VERSION)" ]; then \
+	  echo "venv: $(VENV) was not made by Python $(VENV_PYTHON_VERSION); making it again with $$py"; rm -rf $(VENV); fi; \
+	test -x $(BIN)/python || "$$py" -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	@rm -f $(BIN)/.installed*
 	@touch $@
 
 # Playbooks run from this checkout resolve gpulab.vllm.* through this link.
@@ -46,7 +57,7 @@ build/collections/ansible_collections/gpulab/vllm:
 	@mkdir -p build/collections/ansible_collections/gpulab
 	@ln -sfn ../../../.. $@
 
-venv: $(BIN)/.installed build/collections/ansible_collections/gpulab/vllm
+venv: $(BIN)/.installed-python$(VENV_PYTHON_VERSION) build/collections/ansible_collections/gpulab/vllm
 
 lab-up: deps venv
 	$(BIN)/python lab/labctl.py up

@@ -1,9 +1,10 @@
 """Run every test stage of gpulab.vllm in order and print one summary line per stage.
 
 Stages: lint (ansible-lint, production profile), sanity (ansible-test on an
-ansible_collections/gpulab/vllm tree), unit (pytest on recorded fixtures),
+ansible_collections/gpulab/vllm tree; compile and import on the node Pythons 3.9 to 3.13 too),
+unit (pytest on recorded fixtures),
 collection (build the tarball and resolve the modules by FQCN from an install of it),
-matrix (unit and sanity on ansible-core 2.17 and 2.21, each in its own venv),
+matrix (unit and sanity on ansible-core 2.17 and 2.19, each in its own venv; .venv has 2.21),
 lab (the modules and the bad-input suite against the lab), then every molecule
 scenario (each creates and destroys the lab itself). The lab images are built in the
 background meanwhile (a row "images (background)" in the summary).
@@ -47,7 +48,7 @@ def stage_commands() -> dict[str, list[list[str]]]:
         # The benchmark's own logic (parsers, floor helpers, report) on recorded data, beside the collection's.
         "unit": [[str(VENV_BIN / "python"), "-m", "pytest", "-q", "tests/unit", "bench/tests"]],
         "collection": [[str(VENV_BIN / "python"), "-m", "pytest", "-q", "tests/collection"]],
-        # Unit tests and sanity on the oldest ansible-core claimed and the newest (tests/matrix.py).
+        # Unit tests and sanity on the oldest ansible-core claimed and one between (tests/matrix.py).
         "matrix": [[str(VENV_BIN / "python"), str(ROOT / "tests" / "matrix.py")]],
         # The modules and every bad input against a real lab (the Ray image and both vLLM images).
         "lab": [["make", "--no-print-directory", "lab-up", "NODES=2", "LAB_IMAGES=ray vllm vllm-seed"],

@@ -139,6 +139,7 @@ def test_wait_completion_retries_until_a_choice_comes_back():
         assert floor.wait_completion(url, "m", "secret", 0.05, 10) == {"attempts": 3, "text": " hi"}
     finally:
         server.shutdown()
+        server.server_close()
 
 
 def test_summary_and_report_render():
