@@ -100,8 +100,10 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
             raise LabError(f"building the {key} image failed; see build/lab/logs/build-{key}.log")
         log(f"built {local_ref} in {time.monotonic() - started:.0f}s")
         # The build stage, left untagged, holds a second copy of every installed package (GBs for the
-        # vLLM images); only lab images carry the base's label, so only theirs go.
+        # vLLM images); only lab images carry the base's label, so only theirs go. The wheels go too
+        # (the seed's are 4.3 GB): they are downloaded again only if the recipe changes.
         run(["docker", "image", "prune", "--force", "--filter", "label=org.gpulab.lab.base"], check=False)
+        shutil.rmtree(house, ignore_errors=True)
         # The build stage holds a second copy of every installed package (GBs); only the image is kept.
         run(["docker", "image", "prune", "--force", "--filter", "label=org.gpulab.lab.stage=build"], check=False)
         shutil.rmtree(context, ignore_errors=True)
