@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from .common import BUILD, CACHE, IMAGES_DIR, PROJECT, LabError, log, run
@@ -18,6 +20,7 @@ from .config import LAB_IMAGES, LabConfig, LabImage
 
 
 BASE_IMAGE = "gpulab-lab/bookworm:base"
+MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 
 
 def recipe_files(folder: Path, requirements: str) -> list[Path]:
@@ -75,7 +78,10 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
     local_ref = cfg.image_ref(key, for_nodes=False)
     digest = recipe_hash(folder, extra=run(["docker", "image", "inspect", "--format", "{{.Id}}", BASE_IMAGE]).stdout,
                          requirements=image.requirements)
-    if image_label(local_ref, "org.gpulab.lab.recipe") != digest:
+    built = image_label(local_ref, "org.gpulab.lab.recipe")
+    if built is None and registry_label(cfg, key, "org.gpulab.lab.recipe") == digest:
+        return  # pushed by an earlier run, and its local copy removed
+    if built != digest:
         house = ensure_wheelhouse(key, folder, image)
         context = BUILD / "context" / key
         shutil.rmtree(context, ignore_errors=True)
@@ -104,22 +110,45 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
         # (the seed's are 4.3 GB): they are downloaded again only if the recipe changes.
         run(["docker", "image", "prune", "--force", "--filter", "label=org.gpulab.lab.base"], check=False)
         shutil.rmtree(house, ignore_errors=True)
-        # The build stage holds a second copy of every installed package (GBs); only the image is kept.
-        run(["docker", "image", "prune", "--force", "--filter", "label=org.gpulab.lab.stage=build"], check=False)
         shutil.rmtree(context, ignore_errors=True)
     if push:
         run(["docker", "push", "--quiet", local_ref])
+        # The registry and the nodes hold it now; the machine's copy (9 GB for the seed's) goes.
+        run(["docker", "image", "rm", local_ref], check=False)
+
+
+def _registry_get(cfg: LabConfig, path: str, accept: str | None = None):
+    """(response headers, JSON body) of the lab registry's answer, or None when it has nothing there."""
+    request = urllib.request.Request(f"http://127.0.0.1:{cfg.registry_port}/v2/{path}",
+                                     headers={"Accept": accept} if accept else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.headers, json.loads(answer.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _manifest(cfg: LabConfig, key: str):
+    image = LAB_IMAGES[key]
+    return _registry_get(cfg, f"{image.repo}/manifests/{image.tag}", MANIFEST_V2)
+
+
+def registry_label(cfg: LabConfig, key: str, label: str) -> str | None:
+    """A label of the image the lab registry holds under the lab image's tag; None when it holds none."""
+    found = _manifest(cfg, key)
+    if found is None or "config" not in found[1]:
+        return None
+    config = _registry_get(cfg, f"{LAB_IMAGES[key].repo}/blobs/{found[1]['config']['digest']}")
+    labels = ((config[1].get("config") or {}).get("Labels") or {}) if config else {}
+    return labels.get(label)
 
 
 def pinned_ref(cfg: LabConfig, key: str) -> str:
     """The nodes' reference of a lab image, pinned by the digest the registry gave it (as a real lab
-    should pin its images): the roles can then pull only what is missing. The tag when the image was
-    never pushed from this machine."""
-    local = cfg.image_ref(key, for_nodes=False)
-    proc = run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", local], check=False)
-    repo = local.rsplit(":", 1)[0]
-    digests = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else []
-    for entry in digests or []:
-        if entry.startswith(repo + "@"):
-            return cfg.image_ref(key).rsplit(":", 1)[0] + "@" + entry.split("@", 1)[1]
-    return cfg.image_ref(key)
+    should pin its images): the roles can then pull only what is missing. The tag when the registry
+    does not hold the image."""
+    found = _manifest(cfg, key)
+    digest = found[0].get("Docker-Content-Digest") if found else None
+    if not digest:
+        return cfg.image_ref(key)
+    return cfg.image_ref(key).rsplit(":", 1)[0] + "@" + digest

@@ -271,3 +271,31 @@ def test_image_for_another_architecture_fails_before_any_pull(lab, arm64_only_im
         assert node_docker(node, "image", "inspect", arm64_only_image, check=False).returncode != 0, f"{node} pulled it"
     assert "Traceback" not in result.stdout + result.stderr
     assert after == before
+
+
+def test_ray_without_token_authentication_is_refused_unless_auth_is_off(lab, tmp_path):
+    """An image whose Ray reports 2.51.0 (the Ray image with its version changed) cannot take a token:
+    refused before Ray starts; with ray_cluster_auth false that check stands aside."""
+    registry = lab["hosts"]["all"]["vars"]["lab_registry"]
+    local_registry = "127.0.0.1:" + registry.rsplit(":", 1)[1]
+    ray_image = lab["hosts"]["all"]["vars"]["lab_ray_image"]
+    old = f"{registry}/gpulab/ray:2.51.0-test"
+    context = tmp_path / "ray-old"
+    context.mkdir()
+    (context / "Dockerfile").write_text(
+        f"FROM {ray_image.replace(registry, local_registry)}\n"
+        "RUN sed -i 's/^Version: 2.60.0$/Version: 2.51.0/' /opt/venv/lib/python3.11/site-packages/ray-2.60.0.dist-info/METADATA\n")
+    subprocess.run(["docker", "build", "-q", "-t", old.replace(registry, local_registry), str(context)], check=True, capture_output=True)
+    subprocess.run(["docker", "push", "-q", old.replace(registry, local_registry)], check=True, capture_output=True)
+    inventory = write_inventory(tmp_path, lab["hosts"])
+    overrides = {"image_ref": old, "image_require_vllm": False, "gpulab_vllm_serve": False, "gate_expected_gpus": 2}
+    before = snapshot(lab["nodes"])
+    result = deploy(inventory, "-e", json.dumps(overrides), playbook="deploy.yml")
+    after = snapshot(lab["nodes"])
+    text = " ".join(error_lines(result.stdout))
+    assert result.returncode != 0
+    assert "the image's Ray 2.51.0 is older than 2.52.0 and cannot authenticate with a token" in text, text
+    assert "set ray_cluster_auth: false" in text
+    assert after == before
+    checked = deploy(inventory, "--check", "-e", json.dumps(dict(overrides, ray_cluster_auth=False)), playbook="deploy.yml")
+    assert "older than 2.52.0" not in checked.stdout
