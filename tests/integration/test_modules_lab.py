@@ -113,7 +113,7 @@ def versions(request, lab):
     chosen["ray_image"], chosen["vllm_image"] = lab[chosen["ray_image"]], lab[chosen["vllm_image"]]
     # The seed's image is about 9 GB: pull it once, with time for it, before the tests start containers.
     for node in ("node1", "node2"):
-        for image in {chosen["ray_image"], chosen["vllm_image"]}:
+        for image in sorted({chosen["ray_image"], chosen["vllm_image"]}):
             docker(node, "pull", "--quiet", image, timeout=1200)
     return chosen
 
