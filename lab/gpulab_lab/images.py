@@ -57,6 +57,22 @@ def ensure_base_image() -> None:
     tar.wait()
 
 
+# The lab images' Python (Debian bookworm's); their wheels are downloaded by the same version.
+IMAGE_PYTHON = "3.11"
+
+
+def image_python() -> str:
+    """A Python of the images' version to download their wheels with (the checkout's venv may run another)."""
+    if sys.version_info[:2] == tuple(int(part) for part in IMAGE_PYTHON.split(".")):
+        return sys.executable
+    found = subprocess.run([str(PROJECT / "tests" / "find_python.sh"), IMAGE_PYTHON], capture_output=True, text=True,
+                           check=False).stdout.strip()
+    if not found:
+        raise LabError(f"the lab images' wheels need Python {IMAGE_PYTHON} to download them (pip picks wheels for its own "
+                       f"Python); install python{IMAGE_PYTHON}")
+    return found
+
+
 def ensure_wheelhouse(key: str, folder: Path, image: LabImage) -> Path:
     house = CACHE / "wheelhouse" / key
     house.mkdir(parents=True, exist_ok=True)
@@ -66,7 +82,7 @@ def ensure_wheelhouse(key: str, folder: Path, image: LabImage) -> Path:
         return house
     log(f"downloading wheels for the {key} image into {house.relative_to(PROJECT)}")
     pip_extra = os.environ.get("LAB_PIP_ARGS", "").split() + (["--no-deps"] if image.locked else [])
-    run([sys.executable, "-m", "pip", "download", "--quiet", "-d", str(house),
+    run([image_python(), "-m", "pip", "download", "--quiet", "-d", str(house),
          "-r", str(folder / image.requirements), *pip_extra], capture=True)
     stamp.write_text(req)
     return house
