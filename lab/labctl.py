@@ -9,7 +9,7 @@ own sshd; a registry on the machine serves the lab images to every node.
     labctl.py down     remove everything the lab made (safe to run twice)
     labctl.py status   print the lab's state as JSON
     labctl.py images   build and push the lab images only
-    labctl.py build [IMAGE...]   build lab images without a lab (no push; `up` pushes them)
+    labctl.py build [IMAGE...]   build lab images without a lab, starting only its registry (no push; `up` pushes)
     labctl.py link NODE up|down   plug or pull a node's fabric cable (failure drills)
     labctl.py docker NODE start|stop   start or stop a node's Docker daemon
 
@@ -29,11 +29,12 @@ from pathlib import Path
 # The lab's modules live beside this file; it also runs loaded by path (the benchmark does).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpulab_lab.common import LabError, netns_path, node_dirs  # noqa: E402  pylint: disable=wrong-import-position
+from gpulab_lab.common import RUN, LabError, netns_path, node_dirs  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.config import LAB_IMAGES, LabConfig  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.images import ensure_base_image, ensure_image  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.lifecycle import check_build_prerequisites, current_config, down, status, up  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.network import set_fabric_link  # noqa: E402  pylint: disable=wrong-import-position
+from gpulab_lab.registry import start_registry  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.nodes import start_node_docker, stop_node_docker  # noqa: E402  pylint: disable=wrong-import-position
 
 # What the benchmark and the tests use from the lab, by these names.
@@ -66,9 +67,13 @@ def main(argv: list[str]) -> int:
             if unknown:
                 raise LabError(f"unknown image(s) {unknown}; choose from {sorted(LAB_IMAGES)}")
             check_build_prerequisites()
+            cfg = LabConfig.from_env()
+            # The registry's copy says whether an image is up to date (lab-down stops it again).
+            RUN.mkdir(parents=True, exist_ok=True)
+            start_registry(cfg)
             ensure_base_image()
             for key in argv[1:] or list(LAB_IMAGES):
-                ensure_image(LabConfig.from_env(), key, push=False)
+                ensure_image(cfg, key, push=False)
         elif verb == "link" and len(argv) == 3 and argv[2] in ("up", "down"):
             set_fabric_link(current_config(), argv[1], argv[2])
         elif verb == "docker" and len(argv) == 3 and argv[2] in ("start", "stop"):

@@ -36,14 +36,14 @@ def _need_tools(tools) -> None:
 def check_build_prerequisites() -> None:
     if os.geteuid() != 0:
         raise LabError("the lab needs root (namespaces, bridges, daemons); run it as root")
-    _need_tools(("docker", "debootstrap"))
+    _need_tools(("docker", "debootstrap", "docker-registry"))
     if not ok(["docker", "info"]):
         raise LabError("the machine's Docker engine is not answering; run `make deps` to install and start it")
 
 
 def check_prerequisites() -> None:
     check_build_prerequisites()
-    _need_tools(("ip", "iptables", "nsenter", "unshare", "dockerd", "docker-registry", "ssh-keygen"))
+    _need_tools(("ip", "iptables", "nsenter", "unshare", "dockerd", "ssh-keygen"))
 
 
 def up(cfg: LabConfig, images: list[str]) -> None:
