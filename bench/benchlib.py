@@ -29,7 +29,7 @@ SECRET_VARS = ("ray_cluster_auth_token", "vllm_server_api_key")
 # The container label the roles put on everything they start, and the start order it implies.
 ROLE_LABEL = "org.gpulab.vllm.role"
 ROLE_ORDER = {"ray-head": 0, "ray-worker": 1, "vllm-server": 2}
-FIREWALL_CHAIN = "GPULAB-RAY"
+FIREWALL_CHAIN = "GPULAB-INPUT"
 
 
 def load_module(name: str, path: Path):

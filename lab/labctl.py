@@ -9,9 +9,12 @@ own sshd; a registry on the machine serves the lab images to every node.
     labctl.py down     remove everything the lab made (safe to run twice)
     labctl.py status   print the lab's state as JSON
     labctl.py images   build and push the lab images only
-    labctl.py build [IMAGE...]   build lab images without a lab, starting only its registry (no push; `up` pushes)
+    labctl.py build [IMAGE...]   build lab images without a lab, starting only its registry, and push each
     labctl.py link NODE up|down   plug or pull a node's fabric cable (failure drills)
     labctl.py docker NODE start|stop   start or stop a node's Docker daemon
+    labctl.py input NODE drop|accept   harden a node (INPUT policy DROP; loopback, replies, SSH admitted) or open it
+    labctl.py rdma NODE FIXTURE|off   show a node a recorded sysfs tree (tests/unit/fixtures/sysfs) with its HCAs
+    labctl.py rate NODE RATE|off   throttle what a node sends on its fabric link (a tc rate: 200mbit) or lift it
 
 Parameters come from the environment: NODES, FABRIC_SUBNET, MGMT_SUBNET,
 FABRIC_IF (one name for every node, or one per node), GPUS_PER_NODE,
@@ -33,7 +36,7 @@ from gpulab_lab.common import RUN, LabError, netns_path, node_dirs  # noqa: E402
 from gpulab_lab.config import LAB_IMAGES, LabConfig  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.images import ensure_base_image, ensure_image  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.lifecycle import check_build_prerequisites, current_config, down, status, up  # noqa: E402  pylint: disable=wrong-import-position
-from gpulab_lab.network import set_fabric_link  # noqa: E402  pylint: disable=wrong-import-position
+from gpulab_lab.network import present_sysfs, set_fabric_link, set_fabric_rate, set_input_policy  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.registry import start_registry  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.nodes import start_node_docker, stop_node_docker  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -72,10 +75,17 @@ def main(argv: list[str]) -> int:
             RUN.mkdir(parents=True, exist_ok=True)
             start_registry(cfg)
             ensure_base_image()
+            # Each pushed as soon as it is built, while the next one builds: `up` then finds them in the registry.
             for key in argv[1:] or list(LAB_IMAGES):
-                ensure_image(cfg, key, push=False)
+                ensure_image(cfg, key)
         elif verb == "link" and len(argv) == 3 and argv[2] in ("up", "down"):
             set_fabric_link(current_config(), argv[1], argv[2])
+        elif verb == "input" and len(argv) == 3 and argv[2] in ("drop", "accept"):
+            set_input_policy(current_config(), argv[1], argv[2])
+        elif verb == "rdma" and len(argv) == 3:
+            present_sysfs(current_config(), argv[1], argv[2])
+        elif verb == "rate" and len(argv) == 3:
+            set_fabric_rate(current_config(), argv[1], argv[2])
         elif verb == "docker" and len(argv) == 3 and argv[2] in ("start", "stop"):
             cfg = current_config()
             if argv[1] not in cfg.node_names:

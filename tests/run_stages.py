@@ -5,9 +5,10 @@ ansible_collections/gpulab/vllm tree; compile and import on the node Pythons 3.9
 unit (pytest on recorded fixtures),
 collection (build the tarball and resolve the modules by FQCN from an install of it),
 matrix (unit and sanity on ansible-core 2.17 and 2.19, each in its own venv; .venv has 2.21),
-lab (the modules and the bad-input suite against the lab), then every molecule
-scenario (each creates and destroys the lab itself). The lab images are built in the
-background meanwhile (a row "images (background)" in the summary).
+lab (the modules, the bad-input suite, security, status and the fabric against the lab: first what
+today's images serve, then what needs the seed's image, marked `seed`), then every molecule
+scenario (each creates and destroys the lab itself). The lab images are built and pushed in the
+background meanwhile, the seed's last (a row "images (background)" in the summary).
 
     tests/run_stages.py                 every stage
     tests/run_stages.py unit lint       only these stages
@@ -27,9 +28,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
 SCENARIOS = ["default", "e2e", "e2e_seed", "node_lost", "heal"]
-# Built in the background while the stages that need no lab run (lab/labctl.py build); the lab stages
-# then only push them. The seed's image alone is about 9 GB.
-LAB_IMAGE_KEYS = ["ray", "vllm", "vllm-seed"]
+# Built and pushed in the background while the stages that need no lab run (lab/labctl.py build): first the two
+# images most lab tests need, then the seed's (about 9 GB), which builds while the lab stage's first part runs; only
+# the tests marked `seed` and the molecule scenarios wait for it.
+FIRST_IMAGES = ["ray", "vllm"]
+LATER_IMAGES = ["vllm-seed"]
+LAB_IMAGE_KEYS = FIRST_IMAGES + LATER_IMAGES
+FIRST_DONE = ROOT / "build" / "lab" / "images-first.done"
 
 
 def _env() -> dict:
@@ -51,8 +56,13 @@ def stage_commands() -> dict[str, list[list[str]]]:
         # Unit tests and sanity on the oldest ansible-core claimed and one between (tests/matrix.py).
         "matrix": [[str(VENV_BIN / "python"), str(ROOT / "tests" / "matrix.py")]],
         # The modules and every bad input against a real lab (the Ray image and both vLLM images).
-        "lab": [["make", "--no-print-directory", "lab-up", "NODES=2", "LAB_IMAGES=ray vllm vllm-seed"],
-                [str(VENV_BIN / "python"), "-m", "pytest", "-q", "-m", "lab", "tests/integration"]],
+        # In two parts: what needs today's images, while the seed's image still builds; then what needs the seed's.
+        "lab": [["@images", "first"],
+                ["make", "--no-print-directory", "lab-up", "NODES=2", "LAB_IMAGES=" + " ".join(FIRST_IMAGES)],
+                [str(VENV_BIN / "python"), "-m", "pytest", "-q", "--durations=30", "-m", "lab and not seed", "tests/integration"],
+                ["@images", "all"],
+                ["make", "--no-print-directory", "lab-up", "NODES=2", "LAB_IMAGES=" + " ".join(LAB_IMAGE_KEYS)],
+                [str(VENV_BIN / "python"), "-m", "pytest", "-q", "--durations=10", "-m", "lab and seed", "tests/integration"]],
     }
     for name in SCENARIOS:
         stages[f"molecule:{name}"] = [[str(VENV_BIN / "molecule"), "test", "-s", name]]
@@ -71,23 +81,50 @@ def main(argv: list[str]) -> int:
     images = None
     if needs_lab and needs_lab[0] != wanted[0]:
         (ROOT / "build" / "lab" / "logs").mkdir(parents=True, exist_ok=True)
+        FIRST_DONE.unlink(missing_ok=True)
         images_log = open(ROOT / "build" / "lab" / "logs" / "images.log", "w")  # pylint: disable=consider-using-with
-        images = (subprocess.Popen([str(VENV_BIN / "python"), str(ROOT / "lab" / "labctl.py"), "build", *LAB_IMAGE_KEYS],
-                                   cwd=ROOT, env=_env(), stdout=images_log, stderr=subprocess.STDOUT), time.monotonic())
-        print(f"lab images: building {' '.join(LAB_IMAGE_KEYS)} in the background (build/lab/logs/images.log)", flush=True)
+        labctl = f"{VENV_BIN / 'python'} {ROOT / 'lab' / 'labctl.py'} build"
+        script = f"{labctl} {' '.join(FIRST_IMAGES)} && touch {FIRST_DONE} && {labctl} {' '.join(LATER_IMAGES)}"
+        images = {"process": subprocess.Popen(["bash", "-c", script], cwd=ROOT, env=_env(), stdout=images_log,
+                                              stderr=subprocess.STDOUT),
+                  "started": time.monotonic(), "waited": 0.0, "done": False}
+        print(f"lab images: building and pushing {' '.join(LAB_IMAGE_KEYS)} in the background (build/lab/logs/images.log)",
+              flush=True)
+
+    def wait_images(part: str) -> int:
+        """Wait for the background images: 'first' (today's) or 'all'. 0 when they are there, or when nothing builds
+        in the background (the lab-up that follows builds what is missing)."""
+        if images is None:
+            return 0
+        if not images["done"]:
+            process, waited = images["process"], time.monotonic()
+            while part == "first" and not FIRST_DONE.exists() and process.poll() is None:
+                time.sleep(2)
+            if part == "all" or process.poll() is not None:
+                images["status"] = process.wait()
+                images["done"] = True
+                images["waited"] += time.monotonic() - waited
+                elapsed = time.monotonic() - images["started"]
+                said = "built" if images["status"] == 0 else "FAILED (exit %d)" % images["status"]
+                print(f"===== lab images: {said} in {elapsed:.0f}s, {images['waited']:.0f}s of it waited for =====", flush=True)
+                results.append(("images (background)", images["status"], elapsed))
+                # Its own lines (what was built and pushed, how long each took, and on a failure the end of a log).
+                print((ROOT / "build" / "lab" / "logs" / "images.log").read_text(errors="replace"), flush=True)
+            else:
+                images["waited"] += time.monotonic() - waited
+        return images.get("status", 0)
+
     for name in wanted:
-        if images and name in needs_lab:
-            process, started = images
-            waited = time.monotonic()
-            status = process.wait()
-            images = None
-            print(f"===== lab images: {'built' if status == 0 else f'FAILED (exit {status})'} in "
-                  f"{time.monotonic() - started:.0f}s, {time.monotonic() - waited:.0f}s of it waited for =====", flush=True)
-            results.append(("images (background)", status, time.monotonic() - started))
+        if name.startswith("molecule:"):
+            wait_images("all")
         print(f"\n===== stage {name} =====", flush=True)
         started = time.monotonic()
         status = 0
         for cmd in stages[name]:
+            if cmd[0] == "@images":
+                # A failed background build has its own row; the lab-up that follows builds what is missing.
+                wait_images(cmd[1])
+                continue
             status = subprocess.call(cmd, cwd=ROOT, env=_env())
             if status != 0:
                 break

@@ -53,13 +53,18 @@ def test_timeline_of_a_real_playbook_run(tmp_path):
 
 def test_container_spec_round_trip():
     inspect = json.loads((FIXTURES / "inspect_vllm_server.json").read_text())
-    spec = benchlib.container_spec(inspect, SECRETS, {"/etc/gpulab-vllm/secrets/ray_token": "ray_cluster_auth_token"})
-    assert ["VLLM_API_KEY", {"secret": "vllm_server_api_key"}] in spec["env"]
+    files = {"/etc/gpulab-vllm/secrets/ray_token": "ray_cluster_auth_token",
+             "/etc/gpulab-vllm/secrets/vllm_api_key": "vllm_server_api_key"}
+    spec = benchlib.container_spec(inspect, SECRETS, files)
+    # The key reaches the server as a file, never through its environment.
+    assert not any(key == "VLLM_API_KEY" for key, unused in spec["env"])
     assert "k" * 64 not in json.dumps(spec)
-    assert spec["secret_files"] == [{"path": "/etc/gpulab-vllm/secrets/ray_token", "secret": "ray_cluster_auth_token"}]
+    assert sorted(spec["secret_files"], key=lambda item: item["path"]) == [
+        {"path": path, "secret": secret} for path, secret in sorted(files.items())]
     argv = benchlib.run_argv(spec, SECRETS)
     assert argv[:4] == ["run", "-d", "--name", "gpulab-vllm"]
-    assert "VLLM_API_KEY=" + "k" * 64 in argv
+    assert not any("k" * 64 in arg for arg in argv)
+    assert "--middleware" in argv
     tail = argv[argv.index("--entrypoint"):]
     assert tail[:3] == ["--entrypoint", "vllm", inspect["Config"]["Image"]]
     assert tail[3:] == inspect["Config"]["Cmd"]
@@ -84,9 +89,9 @@ def test_expected_cluster_from_ray_commands():
 
 def test_firewall_rules_from_iptables_save():
     rules = benchlib.firewall_rules((FIXTURES / "iptables_S.txt").read_text())
-    assert rules[0] == ["-N", "GPULAB-RAY"]
-    assert rules[-1][0] == "-I" and rules[-1][1] == "INPUT" and rules[-1][-2:] == ["-j", "GPULAB-RAY"]
-    assert any("gpulab ray: fabric" in rule for rule in rules)
+    assert rules[0] == ["-N", "GPULAB-INPUT"]
+    assert rules[-1][0] == "-I" and rules[-1][1] == "INPUT" and rules[-1][-2:] == ["-j", "GPULAB-INPUT"]
+    assert any("gpulab: the fabric subnet" in rule for rule in rules)
 
 
 def test_port_wait_polls_until_the_port_answers():

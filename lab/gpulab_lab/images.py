@@ -37,6 +37,42 @@ def recipe_hash(folder: Path, extra: str = "", requirements: str = "requirements
     return h.hexdigest()[:16]
 
 
+def watch(proc: subprocess.Popen, doing: str, seen, every: float = 30.0) -> subprocess.Popen:
+    """Wait for a long process, saying every `every` seconds that it still runs and what it is at (seen())."""
+    started = time.monotonic()
+    while True:
+        try:
+            proc.wait(timeout=every)
+            return proc
+        except subprocess.TimeoutExpired:
+            at = seen()
+            log(f"  still {doing} ({time.monotonic() - started:.0f}s){': ' + at if at else ''}")
+
+
+def folder_size(folder: Path) -> str:
+    files = [path for path in folder.iterdir() if path.is_file() and not path.name.startswith(".")]
+    # pip resolves first and writes the wheels at the end: nothing to count before that.
+    return f"{len(files)} files, {sum(path.stat().st_size for path in files) / 1e9:.1f} GB so far" if files else "resolving"
+
+
+def last_step(path: Path) -> str:
+    """The last build step a docker build log reached ("Step 5/18 : RUN ..."), trimmed."""
+    try:
+        steps = [line for line in path.read_text(errors="replace").splitlines() if line.startswith("Step ")]
+    except OSError:
+        return ""
+    return steps[-1][:100] if steps else ""
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    """The last lines of a build log, indented, for an error that must explain itself where only the output is seen."""
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return "    (no log)"
+    return "\n".join("    " + line for line in text)
+
+
 def image_label(ref: str, label: str) -> str | None:
     proc = run(["docker", "image", "inspect", "--format", f'{{{{index .Config.Labels "{label}"}}}}', ref], check=False)
     return proc.stdout.strip() if proc.returncode == 0 else None
@@ -82,8 +118,15 @@ def ensure_wheelhouse(key: str, folder: Path, image: LabImage) -> Path:
         return house
     log(f"downloading wheels for the {key} image into {house.relative_to(PROJECT)}")
     pip_extra = os.environ.get("LAB_PIP_ARGS", "").split() + (["--no-deps"] if image.locked else [])
-    run([image_python(), "-m", "pip", "download", "--quiet", "-d", str(house),
-         "-r", str(folder / image.requirements), *pip_extra], capture=True)
+    (BUILD / "lab" / "logs").mkdir(parents=True, exist_ok=True)
+    pip_log = BUILD / "lab" / "logs" / f"wheels-{key}.log"
+    with open(pip_log, "w") as out:
+        pip = watch(subprocess.Popen([image_python(), "-m", "pip", "download", "--quiet", "-d", str(house),
+                                      "-r", str(folder / image.requirements), *pip_extra],
+                                     stdout=out, stderr=subprocess.STDOUT),
+                    f"downloading the {key} image's wheels", lambda: folder_size(house))
+    if pip.returncode != 0:
+        raise LabError(f"downloading the {key} image's wheels failed; build/lab/logs/wheels-{key}.log ends:\n{log_tail(pip_log, 10)}")
     stamp.write_text(req)
     return house
 
@@ -108,18 +151,29 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
             shutil.copy2(path, target)
         # Hard links: the wheels are large and the context only needs to be read.
         shutil.copytree(house, context / "wheelhouse", copy_function=os.link)
-        log(f"building {local_ref} (recipe {digest})")
+        log(f"building {local_ref} (recipe {digest}): a few minutes; its log: build/lab/logs/build-{key}.log")
         (BUILD / "lab" / "logs").mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
-        with open(BUILD / "lab" / "logs" / f"build-{key}.log", "w") as build_log:
-            proc = subprocess.run(
-                ["docker", "build", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
-                 "--build-arg", f"PIP_DEPS={'--no-deps' if image.locked else ''}",
-                 "--label", f"org.gpulab.lab.recipe={digest}", "-t", local_ref, str(context)],
-                stdout=build_log, stderr=subprocess.STDOUT, check=False,
-            )
-        if proc.returncode != 0:
-            raise LabError(f"building the {key} image failed; see build/lab/logs/build-{key}.log")
+        log_path = BUILD / "lab" / "logs" / f"build-{key}.log"
+        # A second try, on the layers the first one finished: the builds reach the Debian mirrors, which
+        # fail now and then (a mirror in sync answers "Hash Sum mismatch"). A recipe that is broken fails twice.
+        for attempt in (1, 2):
+            with open(log_path, "w") as build_log:
+                proc = watch(subprocess.Popen(
+                    ["docker", "build", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+                     "--build-arg", f"PIP_DEPS={'--no-deps' if image.locked else ''}",
+                     "--label", f"org.gpulab.lab.recipe={digest}", "-t", local_ref, str(context)],
+                    stdout=build_log, stderr=subprocess.STDOUT,
+                ), f"building the {key} image", lambda: last_step(log_path))
+            if proc.returncode == 0:
+                break
+            tail = log_tail(log_path)
+            if attempt == 1:
+                log(f"building the {key} image failed (exit {proc.returncode}); trying once more. Its log ended:\n{tail}")
+                shutil.copyfile(log_path, log_path.with_suffix(".first.log"))
+            else:
+                raise LabError(f"building the {key} image failed twice; see build/lab/logs/build-{key}.log, which "
+                               f"ends:\n{tail}")
         log(f"built {local_ref} in {time.monotonic() - started:.0f}s")
         # The build stage, left untagged, holds a second copy of every installed package (GBs for the
         # vLLM images); only lab images carry the base's label, so only theirs go. The wheels go too
@@ -128,7 +182,14 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
         shutil.rmtree(house, ignore_errors=True)
         shutil.rmtree(context, ignore_errors=True)
     if push:
-        run(["docker", "push", "--quiet", local_ref])
+        size = run(["docker", "image", "inspect", "--format", "{{.Size}}", local_ref], check=False).stdout.strip()
+        log(f"pushing {local_ref} ({int(size) / 1e9:.1f} GB) to the lab registry" if size.isdigit() else f"pushing {local_ref}")
+        started = time.monotonic()
+        pushed = watch(subprocess.Popen(["docker", "push", "--quiet", local_ref], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True), f"pushing the {key} image", lambda: "")
+        if pushed.returncode != 0:
+            raise LabError(f"pushing {local_ref} failed: {(pushed.stdout.read() if pushed.stdout else '').strip()[-300:]}")
+        log(f"pushed {local_ref} in {time.monotonic() - started:.0f}s")
         # The registry and the nodes hold it now; the machine's copy (9 GB for the seed's) goes.
         run(["docker", "image", "rm", local_ref], check=False)
 

@@ -107,6 +107,9 @@ def down() -> None:
         remove_forwarding(bridge)
         if ok(["ip", "link", "show", bridge]):
             run(["ip", "link", "del", bridge])
+    # The verbs device node the lab made while a node was shown a recorded sysfs tree (labctl.py rdma).
+    if (RUN / "dev-infiniband.made").exists():
+        shutil.rmtree("/dev/infiniband", ignore_errors=True)
     shutil.rmtree(RUN, ignore_errors=True)
     shutil.rmtree(NODE_FILES, ignore_errors=True)
     if INVENTORY.exists():

@@ -83,3 +83,83 @@ def set_fabric_link(cfg: LabConfig, name: str, state: str) -> None:
         raise LabError(f"no lab node named {name!r}; the lab has {cfg.node_names}")
     i = cfg.node_names.index(name) + 1
     run(["ip", "link", "set", f"gplf{i}", state])
+
+
+HARDENED = "gpulab lab: hardened host"
+
+
+def _in_node(name: str, cmd: list[str], check: bool = True):
+    return run(["nsenter", f"--net={netns_path(name)}", "--", *cmd], check=check)
+
+
+def set_input_policy(cfg: LabConfig, name: str, state: str) -> None:
+    """Harden a node as a security-minded site does (INPUT policy DROP; loopback, replies and SSH admitted),
+    or open it again. Nothing else is admitted: whatever the roles need they must open themselves."""
+    if name not in cfg.node_names:
+        raise LabError(f"no lab node named {name!r}; the lab has {cfg.node_names}")
+    listing = _in_node(name, ["iptables", "-w", "-S", "INPUT"]).stdout.splitlines()
+    for rule in listing:
+        if HARDENED in rule:
+            _in_node(name, ["sh", "-c", "iptables -w " + rule.replace("-A INPUT", "-D INPUT", 1)])
+    if state == "drop":
+        for spec in (["-i", "lo"], ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"], ["-p", "tcp", "--dport", "22"]):
+            _in_node(name, ["iptables", "-w", "-A", "INPUT", *spec, "-m", "comment", "--comment", HARDENED, "-j", "ACCEPT"])
+    _in_node(name, ["iptables", "-w", "-P", "INPUT", "DROP" if state == "drop" else "ACCEPT"])
+
+
+def set_fabric_rate(cfg: LabConfig, name: str, rate: str) -> None:
+    """Throttle what a node sends on its fabric link to rate (a tc rate: 100mbit), or lift it (off)."""
+    if name not in cfg.node_names:
+        raise LabError(f"no lab node named {name!r}; the lab has {cfg.node_names}")
+    iface = cfg.node_fabric_if(cfg.node_names.index(name) + 1)
+    if rate == "off":
+        _in_node(name, ["tc", "qdisc", "del", "dev", iface, "root"], check=False)
+        return
+    _in_node(name, ["tc", "qdisc", "replace", "dev", iface, "root", "tbf", "rate", rate, "burst", "256kbit",
+                    "latency", "50ms"])
+
+
+def present_sysfs(cfg: LabConfig, name: str, fixture: str) -> None:
+    """Show a node, over SSH, a recorded sysfs tree (tests/unit/fixtures/sysfs) in place of its /sys/class: its RDMA
+    devices and the interfaces on them, and every entry of the node's own /sys/class beside them. "off" removes it.
+    While any node is presented one, the machine has /dev/infiniband (one verbs device node)."""
+    import os  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from . import sysfs  # noqa: PLC0415
+    from .common import RUN, node_dirs, pid_alive  # noqa: PLC0415
+
+    if name not in cfg.node_names:
+        raise LabError(f"no lab node named {name!r}; the lab has {cfg.node_names}")
+    run_dir = node_dirs(name)["run"]
+    pid = pid_alive(run_dir / "sshd.pid")
+    if pid is None:
+        raise LabError(f"the sshd of {name} is not running; bring the lab up first")
+    in_ns = ["nsenter", f"--mount=/proc/{pid}/ns/mnt", "--"]
+    while run([*in_ns, "mountpoint", "-q", "/sys/class"], check=False).returncode == 0 and \
+            run([*in_ns, "findmnt", "-n", "-o", "SOURCE", "/sys/class"], check=False).stdout.strip() != "sysfs":
+        run([*in_ns, "umount", "/sys/class"])
+    for folder in (sysfs.TREE, sysfs.OVERLAY):
+        shutil.rmtree(run_dir / folder, ignore_errors=True)
+    marker = RUN / "dev-infiniband.made"
+    if fixture == "off":
+        others = [node for node in cfg.node_names if node != name and (node_dirs(node)["run"] / sysfs.TREE).exists()]
+        if not others and marker.exists():
+            shutil.rmtree(sysfs.DEV_INFINIBAND, ignore_errors=True)
+            marker.unlink()
+        return
+    try:
+        sysfs.materialize(sysfs.load(sysfs.fixture_path(fixture)), run_dir / sysfs.TREE)
+    except FileNotFoundError as exc:
+        raise LabError(str(exc)) from exc
+    lab_dir = str(Path(__file__).resolve().parents[1])
+    run([*in_ns, sys.executable, "-c",
+         "import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); from gpulab_lab.sysfs import class_overlay; "
+         "class_overlay('/run/' + sys.argv[2], Path('/sys/class'), Path('/run/' + sys.argv[3]))",
+         lab_dir, sysfs.TREE, sysfs.OVERLAY])
+    run([*in_ns, "mount", "--bind", f"/run/{sysfs.OVERLAY}", "/sys/class"])
+    if not sysfs.DEV_INFINIBAND.exists():
+        sysfs.DEV_INFINIBAND.mkdir()
+        os.mknod(sysfs.DEV_INFINIBAND / "uverbs0", 0o20666, os.makedev(*sysfs.UVERBS0))
+        marker.write_text("made by the lab\n")

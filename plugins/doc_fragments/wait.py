@@ -30,4 +30,17 @@ options:
       - Seconds to sleep between two polls when O(wait=true), never past the deadline. Must be greater than 0.
       - Deadlines are kept on a monotonic clock.
     type: float
+  progress_interval:
+    description:
+      - With O(wait=true), how often the wait reports on the controller what it is waiting for and what it has seen so
+        far (one line per node at each interval). The collection's action plugin then runs the module in slices of this
+        many seconds within O(wait_timeout), and stops at once when a slice ends early (a permanent error, or a
+        server that exited). V(0) waits in one call, silently.
+    type: float
+    default: 30
+  wait_resume:
+    description:
+      - What earlier slices of the same wait spent, C(elapsed) seconds and C(polls); set by the action plugin so that
+        the result and its message count the whole wait. Not for playbooks.
+    type: dict
 """

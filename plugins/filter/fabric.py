@@ -67,11 +67,135 @@ def fabric_interface(facts: dict, subnet: str, host: str = "this host", expected
             f"{host}: the fabric interface {iface} ({addr}) is down; bring it up (ip link set {iface} up) "
             f"and check its cable and switch port"
         )
-    return {"interface": iface, "address": addr, "prefix": network.prefixlen}
+    return {"interface": iface, "address": addr, "prefix": network.prefixlen, "network": str(network)}
 
 
-def fabric_env(fabric: dict, head_address: str, rdma_devices=None, extra=None) -> dict:
-    """Environment that pins Ray, vLLM and the collective libraries to the fabric."""
+def _pci_parts(pci):
+    """'0002:01:00.1' -> ('0002', '01:00', '1'); None for a device without a PCI address."""
+    if not pci or pci.count(":") != 2 or "." not in pci:
+        return None
+    domain, bus, rest = pci.split(":")
+    slot, function = rest.split(".", 1)
+    return domain, bus + ":" + slot, function
+
+
+def _port_of(device: dict, interface: str, netdev: dict) -> str | None:
+    """The port of device that carries interface: the one port, else the port whose GIDs name the interface,
+    else the interface's dev_port + 1 (IPoIB on a multi-port function)."""
+    ports = device.get("ports") or {}
+    if len(ports) == 1:
+        return next(iter(ports))
+    for number, port in sorted(ports.items()):
+        if any(gid.get("netdev") == interface for gid in port.get("gids") or []):
+            return number
+    guess = str(int(netdev.get("dev_port") or 0) + 1)
+    return guess if guess in ports else None
+
+
+def _entry(name: str, number: str, device: dict, role: str) -> dict:
+    port = device["ports"][number]
+    return {"device": name, "port": int(number), "pci": device.get("pci"), "link_layer": port.get("link_layer"),
+            "rate": port.get("rate"), "state": port.get("state"), "role": role}
+
+
+def _roce_v2_problem(host: str, entry: dict, device: dict, interface: str) -> str:
+    if entry["link_layer"] != "Ethernet":
+        return ""
+    gids = device["ports"][str(entry["port"])].get("gids") or []
+    if any(gid.get("type") == "RoCE v2" for gid in gids):
+        return ""
+    seen = ", ".join(sorted({str(gid.get("type")) for gid in gids})) or "none"
+    return (f"{host}: RDMA port {entry['device']}:{entry['port']} ({interface}) has no RoCE v2 GID (GID types: {seen}), "
+            f"so NCCL cannot reach the other nodes over routed RoCE; enable RoCE v2 on the adapter "
+            f"(cma_roce_mode / mlxconfig) and give the interface its address again, or set fabric_transport: socket")
+
+
+def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", override=None, transport: str = "auto") -> list:
+    """The RDMA ports behind the fabric interface, the ones NCCL and UCX are to use, sorted by PCI address.
+
+    [{'device', 'port', 'pci', 'link_layer', 'rate', 'state', 'role'}] where role is 'interface' (the interface's own
+    device), 'twin' (the other PCIe function of the same physical port, as on a DGX Spark, where each port is reached
+    over two PCIe x4 links) or 'override'. Only ACTIVE ports; empty when the interface has no RDMA device (sockets).
+    """
+    if transport not in ("auto", "rdma", "socket"):
+        raise AnsibleFilterError(f"{host}: fabric_transport is {transport!r}; use auto, rdma or socket")
+    if transport == "socket":
+        return []
+    devices = (node_rdma or {}).get("devices") or {}
+    netdevs = (node_rdma or {}).get("netdevs") or {}
+    chosen = []
+    if override:
+        for item in override:
+            name, unused_sep, number = str(item).partition(":")
+            device = devices.get(name)
+            if device is None:
+                raise AnsibleFilterError(
+                    f"{host}: fabric_rdma_devices names {name}, which this node does not have "
+                    f"(its RDMA devices: {', '.join(sorted(devices)) or 'none'}); correct fabric_rdma_devices")
+            number = number or min(device.get("ports") or {"1": None}, key=int)
+            if number not in (device.get("ports") or {}):
+                raise AnsibleFilterError(
+                    f"{host}: fabric_rdma_devices names port {number} of {name}, which has ports "
+                    f"{', '.join(sorted(device.get('ports') or {})) or 'none'}; correct fabric_rdma_devices")
+            entry = _entry(name, number, device, "override")
+            if entry["state"] != "ACTIVE":
+                raise AnsibleFilterError(
+                    f"{host}: fabric_rdma_devices names {name}:{number}, whose port is {entry['state']}; "
+                    f"check its cable and switch port, or name an ACTIVE port")
+            chosen.append(entry)
+    else:
+        own = list((netdevs.get(interface) or {}).get("rdma_devices") or [])
+        if not own:
+            # A VLAN, bond or macvlan on top of an HCA's interface has no device of its own: the GIDs name it.
+            own = sorted(name for name, device in devices.items()
+                         if any(gid.get("netdev") == interface
+                                for port in (device.get("ports") or {}).values() for gid in port.get("gids") or []))
+        for name in own:
+            device = devices.get(name)
+            number = _port_of(device, interface, netdevs.get(interface) or {}) if device else None
+            if number is None:
+                continue
+            entry = _entry(name, number, device, "interface")
+            if entry["state"] != "ACTIVE":
+                raise AnsibleFilterError(
+                    f"{host}: the fabric interface {interface} sits on RDMA device {name} port {number}, which is "
+                    f"{entry['state']} ({device['ports'][number].get('phys_state')}); check the cable and the switch "
+                    f"port, or set fabric_transport: socket to run the collectives over TCP")
+            chosen.append(entry)
+        # The twin: another PCIe function of the same adapter (same system image GUID) with the same function
+        # number behind another PCIe link reaches the same physical port; NCCL uses both when both are ACTIVE.
+        for entry in list(chosen):
+            parts = _pci_parts(entry["pci"])
+            guid = devices[entry["device"]].get("sys_image_guid")
+            if parts is None or not guid:
+                continue
+            for name, device in sorted(devices.items()):
+                other = _pci_parts(device.get("pci"))
+                if (name in [item["device"] for item in chosen] or other is None or device.get("sys_image_guid") != guid
+                        or other[2] != parts[2] or other[:2] == parts[:2]):
+                    continue
+                for number, port in sorted((device.get("ports") or {}).items()):
+                    if port.get("state") == "ACTIVE" and port.get("link_layer") == entry["link_layer"]:
+                        chosen.append(_entry(name, number, device, "twin"))
+    if transport == "rdma" and not chosen:
+        have = ", ".join(f"{name}: {', '.join((netdevs.get(name) or {}).get('rdma_devices') or [])}" for name in sorted(netdevs))
+        raise AnsibleFilterError(
+            f"{host}: fabric_transport is rdma but the fabric interface {interface} sits on no RDMA device "
+            f"(interfaces with one: {have or 'none'}); put the fabric on an HCA's interface, name the ports in "
+            f"fabric_rdma_devices, or set fabric_transport: auto")
+    for entry in chosen:
+        problem = _roce_v2_problem(host, entry, devices[entry["device"]], interface)
+        if problem:
+            raise AnsibleFilterError(problem)
+    return sorted(chosen, key=lambda item: (item["pci"] or "", item["device"], item["port"]))
+
+
+def fabric_env(fabric: dict, head_address: str, rdma_ports=None, extra=None) -> dict:
+    """Environment that pins Ray, vLLM and the collective libraries to the fabric.
+
+    rdma_ports: the fabric_rdma list (or 'device:port' strings). With ports, NCCL and UCX use exactly those; without,
+    NCCL is kept off every RDMA device (a storage HCA would otherwise be tried) and talks TCP on the interface.
+    """
     iface = fabric["interface"]
     env = {
         "VLLM_HOST_IP": fabric["address"],
@@ -82,10 +206,13 @@ def fabric_env(fabric: dict, head_address: str, rdma_devices=None, extra=None) -
         "MASTER_ADDR": head_address,
         "UCX_NET_DEVICES": iface,
     }
-    devices = sorted(rdma_devices or [])
-    if devices:
-        env["NCCL_IB_HCA"] = ",".join(devices)
-        env["UCX_NET_DEVICES"] = ",".join(f"{dev}:1" for dev in devices)
+    ports = [item if isinstance(item, str) else f"{item['device']}:{item['port']}" for item in rdma_ports or []]
+    if ports:
+        # '=': NCCL takes the names exactly, not as prefixes (mlx5_1 would also match mlx5_10 and mlx5_11).
+        env["NCCL_IB_HCA"] = "=" + ",".join(ports)
+        env["UCX_NET_DEVICES"] = ",".join(ports)
+    else:
+        env["NCCL_IB_DISABLE"] = "1"
     for key, value in (extra or {}).items():
         env[str(key)] = str(value)
     return env
@@ -104,4 +231,5 @@ def cidr_problem(value) -> str:
 
 class FilterModule:
     def filters(self):
-        return {"fabric_interface": fabric_interface, "fabric_env": fabric_env, "cidr_problem": cidr_problem}
+        return {"fabric_interface": fabric_interface, "fabric_rdma": fabric_rdma, "fabric_env": fabric_env,
+                "cidr_problem": cidr_problem}

@@ -86,12 +86,84 @@ def summarize_inspect(doc, label):
         "role": labels.get(label),
         "started_at": state.get("StartedAt"),
         "exit_code": state.get("ExitCode"),
+        "finished_at": state.get("FinishedAt"),
+        "oom_killed": bool(state.get("OOMKilled")),
+        # The daemon's own words when it could not start the container (a missing device, a bad mount), else null.
+        "error": state.get("Error") or None,
+        "restart_count": doc.get("RestartCount", 0),
+        "last_error": None,
     }
 
 
 def absent_container():
     return {"exists": False, "running": False, "status": None, "image_id": None, "labels": {}, "role": None,
-            "started_at": None, "exit_code": None}
+            "started_at": None, "exit_code": None, "finished_at": None, "oom_killed": False, "error": None,
+            "restart_count": 0, "last_error": None}
+
+
+# What a process's exit code says when a signal ended it (128 + the signal's number).
+_SIGNALS = {130: "SIGINT", 134: "SIGABRT", 135: "SIGBUS", 137: "SIGKILL", 139: "SIGSEGV", 143: "SIGTERM"}
+# Words that mark a line of a log as an error, and lines that only point at another line (vLLM's engine ends with
+# "Engine core initialization failed. See root cause above."): the cause is further up.
+_ERROR_MARKERS = ("Error", "error:", "Exception", "Traceback", "failed", "FATAL", "Killed")
+_POINTERS = ("root cause above", "stack trace (above)", "see above", "See the log above")
+
+
+def cause_line(log_text, limit=300):
+    """The line of a log that most likely names why a process ended: the last line that reads like an error and
+    is not a pointer to another line nor a traceback frame; trimmed to `limit`. None when there is none."""
+    lines = [line.strip() for line in (log_text or "").splitlines() if line.strip()]
+    fallback = None
+    for line in reversed(lines):
+        if not any(marker in line for marker in _ERROR_MARKERS) or line.startswith(("File ", "^", "Traceback")):
+            continue
+        if any(pointer in line for pointer in _POINTERS):
+            fallback = fallback or line
+            continue
+        return line if len(line) <= limit else line[:limit] + "..."
+    if fallback is not None:
+        return fallback if len(fallback) <= limit else fallback[:limit] + "..."
+    return None
+
+
+def stop_reason(container):
+    """One phrase for why a container that exists is not running, from its inspected state (summarize_inspect):
+    OOM, a signal, an exit code, or the daemon's error; with the cause line of its log when one was read."""
+    if not container.get("exists"):
+        return "no such container"
+    if container.get("running"):
+        return None
+    code = container.get("exit_code")
+    if container.get("status") == "created":
+        said = "created but never started"
+    elif container.get("oom_killed"):
+        said = "killed by the kernel's OOM killer (exit %s): the node ran out of memory" % code
+    elif code in _SIGNALS:
+        said = "ended by %s (exit %s)%s" % (_SIGNALS[code], code,
+                                            ": killed (docker kill, or the OOM killer outside the container's cgroup)"
+                                            if code == 137 else "")
+    elif code == 0:
+        said = "exited normally (exit 0)"
+    else:
+        said = "exited with code %s" % code
+    if container.get("error"):
+        said += "; Docker: %s" % container["error"]
+    if container.get("finished_at") and not str(container["finished_at"]).startswith("0001-"):
+        said += "; at %s" % container["finished_at"]
+    if container.get("last_error"):
+        said += "; last error line: %s" % container["last_error"]
+    return said
+
+
+def add_stop_causes(docker_host, containers, lines, timeout):
+    """For each container that exists and is not running, the cause line of the last `lines` lines of its log."""
+    for name, container in containers.items():
+        if container["exists"] and not container["running"] and lines > 0:
+            try:
+                container["last_error"] = cause_line(docker_logs(docker_host, name, lines, timeout))
+            except DockerError:
+                container["last_error"] = None
+    return containers
 
 
 def docker_containers(docker_host, label, names, timeout):
@@ -383,6 +455,16 @@ def parse_ip_address_json(text):
     return network
 
 
+def add_link_speeds(network, sysfs="/sys"):
+    """Each interface's speed in Mbit/s as its driver reports it (C(speed) in Ansible's facts); None where the
+    driver reports none (-1, or EINVAL for a link that is down)."""
+    for name in network.get("interfaces", []):
+        text = _read_text(os.path.join(sysfs, "class", "net", name, "speed"))
+        speed = int(text) if text and text.lstrip("-").isdigit() else None
+        network[facts_key(name)]["speed"] = speed if speed is not None and speed > 0 else None
+    return network
+
+
 def describe_file(path, sha1=None):
     try:
         info = os.stat(path)
@@ -402,3 +484,123 @@ def describe_file(path, sha1=None):
             matches = digest is not None and digest.hexdigest() == sha1.lower()
     return {"exists": True, "isdir": stat.S_ISDIR(info.st_mode), "mode": "%04o" % stat.S_IMODE(info.st_mode),
             "uid": info.st_uid, "gid": info.st_gid, "matches": matches}
+
+
+def _read_text(path):
+    """A sysfs attribute's value, stripped; None when it cannot be read (absent, or EINVAL for an unused GID slot)."""
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _sysfs_state(text):
+    """'4: ACTIVE' -> 'ACTIVE', '5: LinkUp' -> 'LinkUp'; None stays None."""
+    if text is None:
+        return None
+    return text.split(":", 1)[-1].strip()
+
+
+def _pci_address(path):
+    """The PCI address (0000:01:00.1) a sysfs `device` link leads to, else None (a virtual device)."""
+    if not os.path.exists(path):
+        return None
+    name = os.path.basename(os.path.realpath(path))
+    parts = name.split(":")
+    if len(parts) == 3 and "." in parts[2]:
+        return name
+    return None
+
+
+_ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def _read_port(port_dir):
+    gids = []
+    gid_dir = os.path.join(port_dir, "gids")
+    for index in sorted(int(entry) for entry in _listdir(gid_dir) if entry.isdigit()):
+        gid = _read_text(os.path.join(gid_dir, str(index)))
+        if not gid or gid == _ZERO_GID:
+            continue
+        gids.append({
+            "index": index,
+            "gid": gid,
+            "type": _read_text(os.path.join(port_dir, "gid_attrs", "types", str(index))),
+            "netdev": _read_text(os.path.join(port_dir, "gid_attrs", "ndevs", str(index))),
+        })
+    return {
+        "state": _sysfs_state(_read_text(os.path.join(port_dir, "state"))),
+        "phys_state": _sysfs_state(_read_text(os.path.join(port_dir, "phys_state"))),
+        "link_layer": _read_text(os.path.join(port_dir, "link_layer")),
+        "rate": _read_text(os.path.join(port_dir, "rate")),
+        "gids": gids,
+    }
+
+
+def _listdir(path, key=None):
+    """A folder's entries, sorted; none when it cannot be read."""
+    try:
+        return sorted(os.listdir(path), key=key)
+    except OSError:
+        return []
+
+
+def read_rdma(sysfs="/sys"):
+    """The node's RDMA devices and the network interfaces that sit on them, from sysfs.
+
+    {'devices': {NAME: {'pci', 'node_guid', 'sys_image_guid', 'ports': {'1': {'state', 'phys_state', 'link_layer',
+    'rate', 'gids': [{'index', 'gid', 'type', 'netdev'}]}}}},
+     'netdevs': {IFNAME: {'pci', 'dev_port', 'rdma_devices': [NAME]}}}; netdevs lists only interfaces of a device
+    that has RDMA devices (an interface's own `device/infiniband`, the link the kernel gives every netdev of an HCA).
+    """
+    devices = {}
+    class_dir = os.path.join(sysfs, "class", "infiniband")
+    for name in _listdir(class_dir):
+        device_dir = os.path.join(class_dir, name)
+        ports = {}
+        for port in _listdir(os.path.join(device_dir, "ports"), key=lambda p: int(p) if p.isdigit() else 0):
+            ports[port] = _read_port(os.path.join(device_dir, "ports", port))
+        devices[name] = {
+            "pci": _pci_address(os.path.join(device_dir, "device")),
+            "node_guid": _read_text(os.path.join(device_dir, "node_guid")),
+            "sys_image_guid": _read_text(os.path.join(device_dir, "sys_image_guid")),
+            "ports": ports,
+        }
+    netdevs = {}
+    net_dir = os.path.join(sysfs, "class", "net")
+    for interface in _listdir(net_dir):
+        on_device = _listdir(os.path.join(net_dir, interface, "device", "infiniband"))
+        if not on_device:
+            continue
+        dev_port = _read_text(os.path.join(net_dir, interface, "dev_port"))
+        netdevs[interface] = {
+            "pci": _pci_address(os.path.join(net_dir, interface, "device")),
+            "dev_port": int(dev_port) if dev_port and dev_port.isdigit() else 0,
+            "rdma_devices": on_device,
+        }
+    return {"devices": devices, "netdevs": netdevs}
+
+
+def controller_address(proc="/proc", pid=None):
+    """The address the controller's SSH connection comes from (OpenSSH's SSH_CLIENT), looked up in this process's
+    environment and then its ancestors': sudo (become) drops SSH_CLIENT, the login shell under it still holds it.
+    None over another connection."""
+    pid = pid or os.getpid()
+    for unused in range(16):
+        try:
+            with open(os.path.join(proc, str(pid), "environ"), "rb") as handle:
+                environ = handle.read().split(b"\0")
+            with open(os.path.join(proc, str(pid), "stat"), "rb") as handle:
+                stat_fields = handle.read().rsplit(b")", 1)[-1].split()
+        except OSError:
+            return None
+        for item in environ:
+            if item.startswith(b"SSH_CLIENT="):
+                address = item[len(b"SSH_CLIENT="):].split(b" ")[0].decode("ascii", "replace")
+                return address or None
+        parent = int(stat_fields[1]) if len(stat_fields) > 1 and stat_fields[1].isdigit() else 0
+        if parent <= 1:
+            return None
+        pid = parent
+    return None

@@ -16,12 +16,15 @@ unit tests replay exchanges recorded from the lab.
 from __future__ import annotations
 
 import json
+import re
+from urllib.parse import urlparse
 import socket
 import time
 
 from ansible.module_utils.common.text.converters import to_text
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 from ansible.module_utils.urls import open_url
+from ansible_collections.gpulab.vllm.plugins.module_utils import _node
 
 STAGE_UNREACHABLE = "unreachable"
 STAGE_UNHEALTHY = "unhealthy"
@@ -32,6 +35,11 @@ GENERATION_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completi
 
 # Longest server text kept in a message or a probe's error.
 _ERROR_TEXT_LIMIT = 400
+
+
+def key_belongs(url):
+    """Whether a request to url may carry the API key: only the OpenAI-style routes under /v1/."""
+    return urlparse(url).path.startswith("/v1/")
 
 
 def http_exchange(method, url, body=None, api_key=None, timeout=30.0, validate_certs=True,
@@ -46,13 +54,17 @@ def http_exchange(method, url, body=None, api_key=None, timeout=30.0, validate_c
     if body is not None:
         data = json.dumps(body)
         headers["Content-Type"] = "application/json"
-    if api_key:
+    # The key goes only to the API's own routes (/v1/...), and never across a redirect: /health and /version need
+    # none, and a redirect could hand it to another server.
+    keyed = bool(api_key) and key_belongs(url)
+    if keyed:
         headers["Authorization"] = "Bearer %s" % api_key
     started = clock()
     result = {"status": None, "body": None, "latency_s": None, "error": None}
     try:
         response = opener(url, data=data, headers=headers, method=method, timeout=timeout,
-                          validate_certs=validate_certs, use_proxy=False, follow_redirects="safe")
+                          validate_certs=validate_certs, use_proxy=False,
+                          follow_redirects="none" if keyed else "safe")
         result["status"] = response.getcode()
         result["body"] = to_text(response.read(), errors="surrogate_or_replace")
     except HTTPError as exc:
@@ -257,16 +269,9 @@ def exited_report(reason):
     return report
 
 
-_ERROR_MARKERS = ("Error", "error:", "Exception", "Traceback", "failed")
-
-
 def last_error_line(log_text, limit=_ERROR_TEXT_LIMIT):
-    """The last log line that reads like the cause of a crash, trimmed; None when there is none."""
-    lines = [line.strip() for line in (log_text or "").splitlines() if line.strip()]
-    for line in reversed(lines):
-        if any(marker in line for marker in _ERROR_MARKERS) and not line.startswith(("File ", "^", "Traceback")):
-            return line if len(line) <= limit else line[:limit] + "..."
-    return None
+    """The line of a server's log that most likely names the cause of a crash, trimmed; None when there is none."""
+    return _node.cause_line(log_text, limit)
 
 
 def failure_message(report, base_url, wait=None):
@@ -275,3 +280,41 @@ def failure_message(report, base_url, wait=None):
     if wait and wait.get("waited"):
         text += " not healthy after %.1fs (%d polls)" % (wait["elapsed"], wait["polls"])
     return "%s: stage %s: %s" % (text, report["failed_stage"], report["error"])
+
+
+# The stages of a vLLM server's start, in order, with the log line that says each has begun (vLLM's own words;
+# the V1 engine prints them from the API server and the engine core processes alike). The last one seen wins.
+_LOAD_STAGES = (
+    ("engine start", re.compile(r"Initializing a V1 LLM engine|Waiting for init message|vLLM API server version")),
+    ("weights", re.compile(r"Starting to load model|Loading model from scratch|Loading safetensors checkpoint shards")),
+    ("weights loaded", re.compile(r"Loading weights took|Model loading took")),
+    ("compiling", re.compile(r"torch\.compile takes|Compiling a graph for|Dynamo bytecode transform time")),
+    ("memory profiling", re.compile(r"Memory profiling takes|Available KV cache memory|KV cache size")),
+    ("graph capture", re.compile(r"Capturing CUDA graphs|Graph capturing finished")),
+    ("warmup done", re.compile(r"init engine \(profile, create kv cache, warmup model\) took")),
+    ("API server starting", re.compile(r"Starting vLLM API server|Starting vLLM server on|Available routes are")),
+    ("ready", re.compile(r"Application startup complete")),
+)
+_SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+(\d+)% Completed \| (\d+)/(\d+)")
+_LOAD_ORDER = dict((stage, index) for index, (stage, _pattern) in enumerate(_LOAD_STAGES))
+_LOAD_ORDER["starting"] = -1
+
+
+def load_progress(log_text):
+    """Where a starting server is, read from its log: {'stage', 'detail', 'shards_done', 'shards_total',
+    'lines'}; stage 'starting' before any known line. 'detail' is the line that set the stage (or the latest shard
+    count), trimmed; 'lines' counts the log's lines, so that a caller can tell a log that grows from one that stalls."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log_text or "")
+    # tqdm redraws a bar with carriage returns: each redraw counts as a line of its own.
+    lines = [line.strip() for line in re.split(r"[\r\n]+", text) if line.strip()]
+    found = {"stage": "starting", "detail": None, "shards_done": None, "shards_total": None, "lines": len(lines)}
+    for line in lines:
+        for stage, pattern in _LOAD_STAGES:
+            if pattern.search(line) and _LOAD_ORDER[stage] >= _LOAD_ORDER.get(found["stage"], -1):
+                found["stage"], found["detail"] = stage, line[:200]
+        shards = _SHARDS.search(line)
+        if shards:
+            found["shards_done"], found["shards_total"] = int(shards.group(2)), int(shards.group(3))
+    if found["stage"] == "weights" and found["shards_total"]:
+        found["detail"] = "shard %s of %s" % (found["shards_done"], found["shards_total"])
+    return found

@@ -39,14 +39,20 @@ def validate_wait_options(timeout, sleep):
     return None
 
 
-def poll_until(probe, is_ready, wait, timeout, sleep, clock=time.monotonic, sleeper=time.sleep, is_hopeless=None):
+def poll_until(probe, is_ready, wait, timeout, sleep, clock=time.monotonic, sleeper=time.sleep, is_hopeless=None,
+               resume=None):
     """Call ``probe(remaining_seconds)`` until ``is_ready(value)`` or the timeout.
 
     With ``wait`` false the probe runs exactly once. ``remaining_seconds`` is
     ``None`` then (no deadline); with ``wait`` it is the time left before the
     deadline, at least a small positive number. ``is_hopeless(value)``, when
     given, ends the wait early: waiting longer cannot help (a server that exited).
+    ``resume``, a dict with ``elapsed`` and ``polls``, is what earlier calls of the
+    same wait spent (the collection's action plugins wait in slices and report
+    progress between them): the outcome counts them in.
     """
+    before = resume or {}
+    before_elapsed, before_polls = float(before.get("elapsed") or 0), int(before.get("polls") or 0)
     started = clock()
     deadline = started + timeout if wait else None
     polls = 0
@@ -58,5 +64,5 @@ def poll_until(probe, is_ready, wait, timeout, sleep, clock=time.monotonic, slee
         now = clock()
         hopeless = not ready and is_hopeless is not None and bool(is_hopeless(value))
         if ready or hopeless or deadline is None or now >= deadline:
-            return WaitOutcome(value, ready, bool(wait), now - started, polls)
+            return WaitOutcome(value, ready, bool(wait), before_elapsed + now - started, before_polls + polls)
         sleeper(min(sleep, deadline - now))

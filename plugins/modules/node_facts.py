@@ -24,7 +24,10 @@ description:
     Ansible's gathered network facts, so that a role needs no fact gathering.
   - The TCP ports that listen on the node (from C(/proc/net/tcp) and C(/proc/net/tcp6) of the node's network
     namespace).
-  - Whether each of O(paths) exists, the matches of each of O(globs), and the RDMA devices under O(rdma_class).
+  - Whether each of O(paths) exists and the matches of each of O(globs).
+  - The RDMA devices with their ports (state, link layer, rate, GIDs and the interface of each), and the network
+    interfaces that sit on an RDMA device, from the node's sysfs (O(sysfs)); the fabric role maps the fabric
+    interface to its own HCA ports with them.
   - The rules of each of O(iptables_chains) as C(iptables -S) prints them, so that a role can tell whether its
     rules are already in place without changing anything.
   - Owner, group, mode and whether the content matches a given SHA-1 for each of O(files); the checksum is an
@@ -85,14 +88,21 @@ options:
     type: list
     elements: str
     default: ['/dev/nvidia[0-9]*']
-  rdma_class:
+  sysfs:
     description:
-      - Folder that lists the node's RDMA devices.
+      - Where the node's sysfs is mounted; the RDMA devices are read from C(class/infiniband) and C(class/net) below it.
     type: path
-    default: /sys/class/infiniband
+    default: /sys
   iptables_chains:
     description:
       - Chains of the C(filter) table to list. A chain that does not exist is reported as V(null).
+    type: list
+    elements: str
+    default: []
+  ip6tables_chains:
+    description:
+      - Chains of the IPv6 C(filter) table to list, as for O(iptables_chains). Without ip6tables, or on a kernel without
+        IPv6 filtering, the result is V(null) instead of a failure.
     type: list
     elements: str
     default: []
@@ -112,6 +122,12 @@ options:
           - The SHA-1 the file's content should have; the C(matches) field of the file in RV(ansible_facts.gpulab_node.files)
             tells whether it has. Never logged.
         type: str
+  stopped_log_lines:
+    description:
+      - For each container read that exists and is not running, read the last this many lines of its log and report
+        the line that most likely names why it ended (C(last_error)). V(0) reads no log.
+    type: int
+    default: 0
   timeout:
     description:
       - Seconds to wait for the Docker daemon (for each request, the registry's answer through it included) and for
@@ -134,7 +150,8 @@ attributes:
 EXAMPLES = r"""
 - name: Read the node once, before any role decides anything
   gpulab.vllm.node_facts:
-    iptables_chains: [INPUT, GPULAB-RAY]
+    iptables_chains: [INPUT, GPULAB-INPUT]
+    ip6tables_chains: [INPUT, GPULAB-INPUT]
     files:
       - path: /etc/gpulab-ray/ray_token
         sha1: "{{ ray_cluster_auth_token | hash('sha1') }}"
@@ -158,11 +175,14 @@ ansible_facts:
         containers:
           description:
             - By container name; C(exists), C(running), C(status) (Docker's state), C(image_id), C(labels),
-              C(role) (the value of O(label)), C(started_at), C(exit_code).
+              C(role) (the value of O(label)), C(started_at), C(exit_code), C(finished_at), C(oom_killed), C(error) (the
+              daemon's words when it could not start it, else null), C(restart_count), C(last_error) (see
+              O(stopped_log_lines); else null).
           type: dict
           sample: {"gpulab-ray-head": {"exists": true, "running": true, "status": "running", "image_id": "sha256:4c1e...",
                    "labels": {"org.gpulab.vllm.role": "ray-head"}, "role": "ray-head", "started_at": "2026-12-02T15:20:41Z",
-                   "exit_code": 0}}
+                   "exit_code": 0, "finished_at": "0001-01-01T00:00:00Z", "oom_killed": false, "error": null,
+                   "restart_count": 0, "last_error": null}}
         network:
           description:
             - C(interfaces), the interface names; and by interface (key as in Ansible's facts, C(eth0_100) for C(eth0.100))
@@ -211,12 +231,32 @@ ansible_facts:
           type: list
           elements: str
           sample: ["mlx5_0", "mlx5_1"]
+        rdma:
+          description:
+            - C(devices), by RDMA device name, C(pci) (its PCI address), C(node_guid), C(sys_image_guid) and C(ports),
+              by port number, C(state) (V(ACTIVE), V(DOWN), ...), C(phys_state), C(link_layer) (V(Ethernet) for RoCE,
+              V(InfiniBand)), C(rate) and C(gids), each non-zero GID with its C(index), C(gid), C(type)
+              (V(RoCE v2), V(IB/RoCE v1)) and C(netdev) (the interface it belongs to, or null).
+            - C(netdevs), by interface name, for the interfaces whose device has RDMA devices, C(pci), C(dev_port)
+              and C(rdma_devices).
+          type: dict
+          sample: {"devices": {"rocep1s0f1": {"pci": "0000:01:00.1", "ports": {"1": {"state": "ACTIVE", "link_layer": "Ethernet"}}}},
+                   "netdevs": {"enp1s0f1np1": {"pci": "0000:01:00.1", "dev_port": 0, "rdma_devices": ["rocep1s0f1"]}}}
         iptables:
           description:
             - By chain of O(iptables_chains), its rules as C(iptables -S CHAIN) prints them, or V(null) when it does not exist.
             - Read from one listing of the C(filter) table.
           type: dict
           sample: {"GPULAB-RAY": ["-N GPULAB-RAY", "-A GPULAB-RAY -i lo -p tcp -j ACCEPT"]}
+        ip6tables:
+          description: By chain of O(ip6tables_chains), as RV(ansible_facts.gpulab_node.iptables); null without IPv6 filtering.
+          type: dict
+        controller_address:
+          description:
+            - The address the controller's SSH connection comes from, as this node sees it (C(SSH_CLIENT) of the module's
+              process or, under become, of the login shell above it); null over another connection.
+          type: str
+          sample: 10.210.0.1
         files:
           description: By path of O(files), C(exists), C(isdir), C(mode) (octal string), C(uid), C(gid) and C(matches) (null without O(files[].sha1)).
           type: dict
@@ -230,6 +270,9 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpulab.vllm.plugins.module_utils._node import (
     DockerError,
+    add_link_speeds,
+    add_stop_causes,
+    controller_address,
     describe_file,
     docker_config_path,
     docker_containers,
@@ -238,6 +281,7 @@ from ansible_collections.gpulab.vllm.plugins.module_utils._node import (
     listening_ports,
     parse_ip_address_json,
     read_docker_config,
+    read_rdma,
     registry_credentials,
     split_iptables_listing,
 )
@@ -266,6 +310,26 @@ def credentials_reader(module):
     return credentials_for
 
 
+def list_chains(module, tool, chains, timeout, required=True):
+    """The chains' rules as `TOOL -S` prints them, from one listing of the filter table. Without the tool (or, for
+    ip6tables, a kernel without IPv6 filtering) an optional listing is null."""
+    if not chains:
+        return {}
+    binary = module.get_bin_path(tool)
+    if binary is None:
+        if not required:
+            return None
+        module.fail_json(msg="%s_chains was given but this node has no %s command; install iptables or leave "
+                             "%s_chains empty" % (tool, tool, tool))
+    rc, out, err = module.run_command([binary, "-w", str(int(timeout)), "-S"])
+    if rc != 0:
+        if not required:
+            return None
+        lines = (err or out).strip().splitlines() or ["no output"]
+        module.fail_json(msg="%s -S failed on this node: %s; check that %s works here" % (tool, lines[-1], tool))
+    return split_iptables_listing(out, chains)
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -276,12 +340,14 @@ def main():
             ask_registry=dict(type="str", choices=["never", "absent", "always"], default="never"),
             paths=dict(type="list", elements="path", default=["/dev/nvidia0", "/dev/infiniband"]),
             globs=dict(type="list", elements="str", default=["/dev/nvidia[0-9]*"]),
-            rdma_class=dict(type="path", default="/sys/class/infiniband"),
+            sysfs=dict(type="path", default="/sys"),
             iptables_chains=dict(type="list", elements="str", default=[]),
+            ip6tables_chains=dict(type="list", elements="str", default=[]),
             files=dict(type="list", elements="dict", default=[], options=dict(
                 path=dict(type="path", required=True),
                 sha1=dict(type="str", no_log=True),
             )),
+            stopped_log_lines=dict(type="int", default=0),
             timeout=dict(type="float", default=10),
         ),
         supports_check_mode=True,
@@ -289,7 +355,9 @@ def main():
     params = module.params
     node = {}
     try:
-        node["containers"] = docker_containers(params["docker_host"], params["label"], params["containers"], params["timeout"])
+        node["containers"] = add_stop_causes(params["docker_host"], docker_containers(
+            params["docker_host"], params["label"], params["containers"], params["timeout"]),
+            params["stopped_log_lines"], params["timeout"])
         node["platform"] = docker_platform(params["docker_host"], params["timeout"])
         node["images"] = docker_images(params["docker_host"], params["images"], params["timeout"], params["ask_registry"],
                                        credentials_reader(module))
@@ -302,25 +370,16 @@ def main():
     rc, out, err = module.run_command([ip, "-j", "address", "show"])
     if rc != 0:
         module.fail_json(msg="ip -j address show failed on this node: %s; install iproute2 4.14 or newer" % (err or out).strip()[-200:])
-    node["network"] = parse_ip_address_json(out)
+    node["network"] = add_link_speeds(parse_ip_address_json(out), params["sysfs"])
     node["listening_tcp_ports"] = listening_ports()
     node["paths"] = dict((path, os.path.exists(path)) for path in params["paths"])
     node["globs"] = dict((pattern, sorted(glob.glob(pattern))) for pattern in params["globs"])
-    try:
-        node["rdma_devices"] = sorted(os.listdir(params["rdma_class"]))
-    except OSError:
-        node["rdma_devices"] = []
-    node["iptables"] = {}
-    if params["iptables_chains"]:
-        iptables = module.get_bin_path("iptables")
-        if iptables is None:
-            module.fail_json(msg="iptables_chains was given but this node has no iptables command; install iptables "
-                                 "or leave iptables_chains empty")
-        rc, out, err = module.run_command([iptables, "-w", str(int(params["timeout"])), "-S"])
-        if rc != 0:
-            lines = (err or out).strip().splitlines() or ["no output"]
-            module.fail_json(msg="iptables -S failed on this node: %s; check that iptables works here" % lines[-1])
-        node["iptables"] = split_iptables_listing(out, params["iptables_chains"])
+    node["rdma"] = read_rdma(params["sysfs"])
+    node["rdma_devices"] = sorted(node["rdma"]["devices"])
+    node["iptables"] = list_chains(module, "iptables", params["iptables_chains"], params["timeout"])
+    node["ip6tables"] = list_chains(module, "ip6tables", params["ip6tables_chains"], params["timeout"], required=False)
+    # The address this node sees the controller connect from (OpenSSH's SSH_CLIENT); null over another connection.
+    node["controller_address"] = controller_address()
     node["files"] = dict((item["path"], describe_file(item["path"], item.get("sha1"))) for item in params["files"])
     module.exit_json(changed=False, ansible_facts={"gpulab_node": node})
 

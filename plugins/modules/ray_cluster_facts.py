@@ -323,6 +323,8 @@ def main():
         wait=dict(type="bool", default=False),
         wait_timeout=dict(type="int", default=300),
         wait_sleep=dict(type="float", default=0.5),
+        progress_interval=dict(type="float", default=30),
+        wait_resume=dict(type="dict"),
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
     params = module.params
@@ -345,7 +347,8 @@ def main():
         facts = _ray_state.build_facts(snapshot, params["expected_node_ips"])
         return not _ray_state.unmet_conditions(facts, **expectations)
 
-    outcome = poll_until(reader.read, is_ready, params["wait"], params["wait_timeout"], params["wait_sleep"])
+    outcome = poll_until(reader.read, is_ready, params["wait"], params["wait_timeout"], params["wait_sleep"],
+                         resume=params["wait_resume"])
     snapshot, error = outcome.value
     wait_info = dict(waited=outcome.waited, elapsed=outcome.elapsed, polls=max(reader.reads, outcome.polls))
 

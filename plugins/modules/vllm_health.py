@@ -37,6 +37,14 @@ options:
       - Served model name that must be in C(/v1/models); also the model of the generation.
       - When not given, any served model will do and the generation uses the first one.
     type: str
+  stall_timeout:
+    description:
+      - With O(wait=true) and O(container), fail once the server's start has not advanced (the same stage, the same
+        last log line, the same probe result) for this many seconds, naming the stage, instead of waiting out
+        O(wait_timeout). Judged on the controller between slices of O(progress_interval) seconds, so it takes effect
+        at that granularity. V(0) never judges a stall.
+    type: float
+    default: 0
   container:
     description:
       - Name of the Docker container that runs the server, on the host where the module runs.
@@ -134,6 +142,22 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+last_log_line:
+  description:
+    - The last line the server's container wrote (trimmed to 300 characters), read when a wait with O(container) ends
+      unhealthy; what the server was doing when the wait stopped. Absent otherwise.
+  type: str
+  returned: when O(wait=true), O(container) is given and the server is not healthy
+  sample: "(APIServer pid=1) INFO 12-03 18:40:02 [loader.py:314] Loading weights took 2.41 seconds"
+load:
+  description:
+    - Where the server is in its start, read from its log (the last 2000 lines) when a wait with O(container) ends
+      unhealthy. C(stage) is one of V(starting), V(engine start), V(weights), V(weights loaded), V(compiling),
+      V(memory profiling), V(graph capture), V(warmup done), V(API server starting), V(ready); C(detail) the line
+      that set it (or V(shard K of N) while weights load); C(shards_done), C(shards_total); C(lines).
+  type: dict
+  returned: when O(wait=true), O(container) is given and the server is not healthy
+  sample: {"stage": "weights", "detail": "shard 12 of 25", "shards_done": 12, "shards_total": 25, "lines": 431}
 healthy:
   description: Whether every stage passed.
   type: bool
@@ -206,6 +230,7 @@ waited:
   sample: {elapsed: 48.2, polls: 23}
 """
 
+import re
 from urllib.parse import quote
 
 from ansible.module_utils.basic import AnsibleModule
@@ -242,7 +267,8 @@ class VllmHealthCheck(object):
             return "container %s is not there (no such container)" % name
         state = (doc or {}).get("State") or {}
         status, exit_code = state.get("Status"), state.get("ExitCode")
-        if http_status != 200 or status in ("running", "created", "restarting"):
+        # A paused container is frozen, not gone: it may go on, and a stall limit judges it.
+        if http_status != 200 or status in ("running", "created", "restarting", "paused"):
             return None
         try:
             logs = _node.docker_logs(self.params["docker_host"], name, 400, 10)
@@ -286,6 +312,9 @@ def main():
         wait=dict(type="bool", default=False),
         wait_timeout=dict(type="int", default=900),
         wait_sleep=dict(type="float", default=2),
+        progress_interval=dict(type="float", default=30),
+        stall_timeout=dict(type="float", default=0),
+        wait_resume=dict(type="dict"),
         validate_certs=dict(type="bool", default=True),
         container=dict(type="str"),
         docker_host=dict(type="str", default="unix:///var/run/docker.sock"),
@@ -305,7 +334,7 @@ def main():
     check = VllmHealthCheck(module)
     outcome = poll_until(check.probe, lambda report: report["healthy"], params["wait"],
                          params["wait_timeout"], params["wait_sleep"],
-                         is_hopeless=lambda report: report["failed_stage"] == "server_exited")
+                         is_hopeless=lambda report: report["failed_stage"] == "server_exited", resume=params["wait_resume"])
     report = outcome.value
     result = dict(
         changed=False,
@@ -318,6 +347,16 @@ def main():
         generated_text=report["generated_text"],
         waited=dict(elapsed=round(outcome.elapsed, 3), polls=outcome.polls),
     )
+    if not report["healthy"] and params["container"] and params["wait"]:
+        # Where the server is in its start (weights shard k of N, memory profiling, graph capture, ...) and what it
+        # says last: the progress a waiting play shows, and how it tells a load that advances from one that stalls.
+        try:
+            text = re.sub(r"\x1b\[[0-9;]*m", "", _node.docker_logs(params["docker_host"], params["container"], 2000, 10))
+            lines = [line.strip() for line in re.split(r"[\r\n]+", text) if line.strip()]
+            result["last_log_line"] = lines[-1][:300] if lines else None
+            result["load"] = _vllm_probe.load_progress(text)
+        except _node.DockerError:
+            result["last_log_line"] = None
     if not report["healthy"]:
         module.fail_json(msg=_vllm_probe.failure_message(report, params["base_url"], outcome.as_dict()), **result)
     module.exit_json(**result)

@@ -11,6 +11,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
@@ -24,11 +25,23 @@ def playbook_env() -> dict:
 
 
 def lab_hosts() -> dict:
-    """The generated inventory of the lab that is up (a JSON document after one comment line)."""
+    """The generated inventory of the lab that is up (a YAML document)."""
     path = LAB_INVENTORY / "hosts.yml"
     if not path.exists():
         pytest.fail("the lab is not up: run `make lab-up` first (inventories/local_lab/hosts.yml is missing)")
-    return json.loads(path.read_text().split("\n", 1)[1])
+    return yaml.safe_load(path.read_text())
+
+
+def in_node(node: str, *cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run a command in a lab node's network namespace (its own addresses, routes and firewall)."""
+    import sys  # noqa: PLC0415 - the lab's own naming, loaded on demand
+
+    if str(ROOT / "lab") not in sys.path:
+        sys.path.insert(0, str(ROOT / "lab"))
+    from gpulab_lab.common import ns_name  # noqa: PLC0415
+
+    return subprocess.run(["ip", "netns", "exec", ns_name(node), *cmd], capture_output=True, text=True, check=check,
+                          timeout=timeout)
 
 
 def node_docker(node: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:

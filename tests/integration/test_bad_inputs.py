@@ -132,7 +132,7 @@ CASES = [
     ("fabric-subnet-malformed", None, {"fabric_subnet": "10.220.0.0/33"}, ["fabric_subnet on node", "set it in the inventory"]),
     ("fabric-subnet-without-nodes", None, {"fabric_subnet": "10.99.0.0/24"},
      ["has no address on the fabric subnet 10.99.0.0/24", "eth0=10.210.0.1", "correct the fabric subnet"]),
-    ("image-tag-missing", None, {"image_ref": "{{ lab_registry }}/gpulab/vllm-cpu:no-such-tag"},
+    ("image-tag-missing", None, {"image_ref": "{{ lab_registry }}/gpulab/vllm-cpu:no-such-tag", "image_allow_tag": True},
      ["cannot pull", "gpulab/vllm-cpu:no-such-tag", "check that the registry has this tag"]),
     ("image-ref-malformed", None, {"image_ref": "not an image!"}, ["is not an image reference", "NAME:TAG"]),
     ("model-path-missing", None, {"qwen35_model": "/models/no-such-model"},
@@ -152,6 +152,27 @@ CASES = [
     ("worker-ports-inverted", None, {"ray_cluster_min_worker_port": 12000, "ray_cluster_max_worker_port": 11000},
      ["ray_cluster_min_worker_port=12000 must be below", "ray_cluster_max_worker_port=11000"]),
     ("model-empty", None, {"qwen35_model": ""}, ["vllm_server_model must name a model"]),
+    ("image-tag-only", None, {"image_ref": "{{ lab_registry }}/gpulab/vllm-cpu:0.32.0"},
+     ["names a tag, which the registry can move to another build", "pin it by digest", "image_allow_tag: true"]),
+    # The lockout seen on the lab: a worker range from port 20 put SSH inside the firewall's REJECT range.
+    ("worker-range-over-ssh", None, {"ray_cluster_min_worker_port": 20},
+     ["the SSH port (ansible_port) 22 lies inside ray_cluster_min_worker_port..ray_cluster_max_worker_port (20..10999)"]),
+    ("worker-port-out-of-range", None, {"ray_cluster_max_worker_port": 70000},
+     ["ray_cluster_max_worker_port=70000 is outside 1..65535"]),
+    ("ray-ports-collide", None, {"ray_cluster_metrics_export_port": 6381},
+     ["ray_cluster_node_manager_port=6381 is also ray_cluster_metrics_export_port"]),
+    ("vllm-port-on-a-ray-port", None, {"vllm_server_port": 6379},
+     ["vllm_server_port=6379 is also ray_cluster_port", "choose another vllm_server_port"]),
+    ("dev-mode", None, {"vllm_server_extra_env": {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}},
+     ["VLLM_SERVER_DEV_MODE in vllm_server_extra_env", "vllm_server_allow_unsafe: true"]),
+    ("trust-remote-code", None, {"vllm_server_extra_args": ["--enforce-eager", "--trust-remote-code"]},
+     ["--trust-remote-code in vllm_server_extra_args runs Python code from the model repository"]),
+    ("tokenizer-info-endpoint", None, {"vllm_server_extra_args": ["--enable-tokenizer-info-endpoint"]},
+     ["--enable-tokenizer-info-endpoint in vllm_server_extra_args"]),
+    ("client-cidr-malformed", None, {"vllm_server_client_cidrs": ["office"]},
+     ["vllm_server_client_cidrs on node1: office", "give networks in CIDR form"]),
+    ("dashboard-beyond-loopback", None, {"ray_cluster_dashboard": True, "ray_cluster_dashboard_host": "0.0.0.0"},
+     ["ray_cluster_dashboard_host=0.0.0.0 on node", "has no authentication", "ray_cluster_dashboard_public: true"]),
 ]
 
 
@@ -221,6 +242,7 @@ def test_fabric_interface_down_fails_before_any_change(lab):
     assert after == before
 
 
+@pytest.mark.seed
 def test_ray_versions_differ_fails_before_ray_starts(lab, tmp_path):
     """node2 gets the seed's image (Ray 2.53.0), node1 the Ray image (Ray 2.60.0): the image stage stops the run."""
     ray_image = lab["hosts"]["all"]["vars"]["lab_ray_image"]
@@ -260,7 +282,7 @@ def test_image_for_another_architecture_fails_before_any_pull(lab, arm64_only_im
     """Preflight asks each node's Docker daemon what the registry has for the image: arm64 only, on amd64 nodes.
     Every node is refused in one line, and nothing is pulled or started."""
     before = snapshot(lab["nodes"])
-    result = deploy(LAB_INVENTORY, "-e", json.dumps({"image_ref": arm64_only_image}))
+    result = deploy(LAB_INVENTORY, "-e", json.dumps({"image_ref": arm64_only_image, "image_allow_tag": True}))
     after = snapshot(lab["nodes"])
     errors = error_lines(result.stdout)
     assert result.returncode != 0, result.stdout[-2000:]
@@ -288,7 +310,8 @@ def test_ray_without_token_authentication_is_refused_unless_auth_is_off(lab, tmp
     subprocess.run(["docker", "build", "-q", "-t", old.replace(registry, local_registry), str(context)], check=True, capture_output=True)
     subprocess.run(["docker", "push", "-q", old.replace(registry, local_registry)], check=True, capture_output=True)
     inventory = write_inventory(tmp_path, lab["hosts"])
-    overrides = {"image_ref": old, "image_require_vllm": False, "gpulab_vllm_serve": False, "gate_expected_gpus": 2}
+    overrides = {"image_ref": old, "image_allow_tag": True, "image_require_vllm": False, "gpulab_vllm_serve": False,
+                 "gate_expected_gpus": 2}
     before = snapshot(lab["nodes"])
     result = deploy(inventory, "-e", json.dumps(overrides), playbook="deploy.yml")
     after = snapshot(lab["nodes"])

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.lab
 
@@ -95,7 +96,7 @@ def lab():
         if not (RUN / node / "run" / "docker.sock").exists():
             pytest.fail("the lab is not up: no Docker daemon socket for %s under %s (run `make lab-up`)" % (node, RUN))
         docker(node, "version", "--format", "{{.Server.Version}}")
-    hosts = json.loads((INVENTORY / "hosts.yml").read_text().split("\n", 1)[1])
+    hosts = yaml.safe_load((INVENTORY / "hosts.yml").read_text())
     return hosts["all"]["vars"]
 
 
@@ -107,7 +108,8 @@ VERSIONS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(VERSIONS))
+@pytest.fixture(scope="module", params=[pytest.param(name, marks=[pytest.mark.seed] if name == "seed" else [])
+                                        for name in sorted(VERSIONS)])
 def versions(request, lab):
     chosen = dict(VERSIONS[request.param], name=request.param)
     chosen["ray_image"], chosen["vllm_image"] = lab[chosen["ray_image"]], lab[chosen["vllm_image"]]

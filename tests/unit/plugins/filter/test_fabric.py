@@ -23,6 +23,7 @@ def test_picks_the_fabric_interface_not_the_management_one(node1):
         "interface": "enp1s0f0np0",
         "address": "10.220.0.11",
         "prefix": 24,
+        "network": "10.220.0.0/24",
     }
     assert fabric_interface(node1, "10.210.0.0/24", "node1")["interface"] == "eth0"
 
@@ -68,6 +69,8 @@ def test_env_without_rdma_uses_the_interface_everywhere():
     for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include", "UCX_NET_DEVICES"):
         assert env[key] == "enp1s0f0np0", key
     assert "NCCL_IB_HCA" not in env
+    # No RDMA port behind the fabric: NCCL must not try the host's other HCAs (a storage adapter).
+    assert env["NCCL_IB_DISABLE"] == "1"
     # Gloo does not understand NCCL's exclusion syntax: never hand it "^lo".
     assert not any(value.startswith("^") for value in env.values())
 
@@ -76,9 +79,11 @@ def test_env_with_rdma_devices_and_extra():
     env = fabric_env(
         {"interface": "enp1s0f0np0", "address": "192.168.200.12"},
         "192.168.200.12",
-        ["mlx5_1", "mlx5_0"],
+        ["mlx5_0:1", "mlx5_1:1"],
         {"NCCL_DEBUG": "WARN", "NCCL_IB_GID_INDEX": 3},
     )
-    assert env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    # The ports in the order given (fabric_rdma sorts them by PCI address), matched exactly.
+    assert env["NCCL_IB_HCA"] == "=mlx5_0:1,mlx5_1:1"
     assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
+    assert "NCCL_IB_DISABLE" not in env
     assert env["NCCL_IB_GID_INDEX"] == "3" and env["NCCL_DEBUG"] == "WARN"

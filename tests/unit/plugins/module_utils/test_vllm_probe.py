@@ -206,3 +206,71 @@ def test_exited_report_ends_with_the_crash_cause():
     report = exited_report("container gpulab-vllm exited with code 1; RuntimeError: boom")
     assert report["failed_stage"] == "server_exited" and not report["healthy"]
     assert "exited with code 1" in report["error"]
+
+
+def test_the_key_goes_only_to_the_v1_routes():
+    with ReplayServer(load_fixture("vllm", "vllm_healthy")) as server:
+        for path in ("/health", "/version", "/metrics", "/v1/models"):
+            _vllm_probe.http_exchange("GET", server.base_url + path, api_key="s3cret", timeout=5)
+    sent = {request["path"]: request["headers"].get("authorization") for request in server.requests}
+    assert sent == {"/health": None, "/version": None, "/metrics": None, "/v1/models": "Bearer s3cret"}
+    assert _vllm_probe.key_belongs("http://h:8000/v1/chat/completions")
+    assert not _vllm_probe.key_belongs("http://h:8000/v1")
+    assert not _vllm_probe.key_belongs("http://h:8000/health?next=/v1/models")
+
+
+def test_the_key_never_follows_a_redirect():
+    """A server that answers the API route with a redirect elsewhere: the keyed request stops at the 3xx."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the standard library's name
+            seen.append((self.path, self.headers.get("Authorization")))
+            if self.path.startswith("/v1/"):
+                self.send_response(307)
+                self.send_header("Location", "/elsewhere/v1/models")
+                self.end_headers()
+            else:
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        answer = _vllm_probe.http_exchange("GET", "http://127.0.0.1:%d/v1/models" % server.server_port,
+                                           api_key="s3cret", timeout=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert answer["status"] == 307
+    assert seen == [("/v1/models", "Bearer s3cret")]
+
+
+def test_the_load_stages_of_a_recorded_start_come_in_order():
+    """The whole log of a lab server's start (vLLM 0.32, TP 2 over Ray), read as it grows, line by line."""
+    from ansible_collections.gpulab.vllm.plugins.module_utils._vllm_probe import load_progress
+
+    log = load_fixture("vllm", "vllm_start_log")["log"]
+    lines = log.splitlines()
+    seen = []
+    for count in range(len(lines) + 1):
+        stage = load_progress("\n".join(lines[:count]))["stage"]
+        if not seen or seen[-1] != stage:
+            seen.append(stage)
+    # torch.compile is off in the lab (eager mode), and a CPU has no CUDA graphs: those stages never show.
+    assert seen == ["starting", "engine start", "weights", "weights loaded", "memory profiling", "warmup done",
+                    "API server starting", "ready"]
+    whole = load_progress(log)
+    assert (whole["shards_done"], whole["shards_total"]) == (1, 1) and whole["lines"] >= len(lines)
+    # While weights load, the detail is the shard count the loader's progress bar printed last.
+    upto = next(i for i, line in enumerate(lines) if "Loading safetensors checkpoint shards:   0%" in line)
+    during = load_progress("\n".join(lines[:upto + 1]))
+    assert during["stage"] in ("weights", "weights loaded") and during["shards_total"] == 1
