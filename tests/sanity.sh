@@ -20,9 +20,16 @@ VENV_BIN="$VENV/bin"
 PYTHON_VERSION="$("$VENV_BIN/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 read -r -a NODE_PYTHONS <<< "${SANITY_NODE_PYTHONS-3.9 3.10 3.11 3.12 3.13}"
 # Each node Python by path (pyenv's shims answer only for one version); the controller's from the venv.
+# ansible-test makes its test venvs with the first pythonX.Y on the PATH, whatever path it was given: a folder of
+# links to the real interpreters goes in front, so that an inactive pyenv shim is never the one it finds.
+PYTHONS="$ROOT/build/sanity/$(basename "$VENV")-pythons"
+rm -rf "$PYTHONS"
+mkdir -p "$PYTHONS"
 TARGETS=(--target-python "$PYTHON_VERSION")
 for version in "${NODE_PYTHONS[@]}"; do
-  [ "$version" = "$PYTHON_VERSION" ] || TARGETS+=(--target-python "$version@$("$ROOT/tests/find_python.sh" "$version")")
+  [ "$version" = "$PYTHON_VERSION" ] && continue
+  ln -s "$("$ROOT/tests/find_python.sh" "$version")" "$PYTHONS/python$version"
+  TARGETS+=(--target-python "$version@$PYTHONS/python$version")
 done
 DEST="$ROOT/build/sanity/$(basename "$VENV")/ansible_collections/gpulab/vllm"
 
@@ -48,7 +55,7 @@ for pip_version in $("$VENV_BIN/python" -c 'import sys; from ansible_test._inter
   fi
 done
 
-export PATH="$VENV_BIN:$PATH"
+export PATH="$VENV_BIN:$PYTHONS:$PATH"
 export ANSIBLE_CONFIG=/dev/null
 # No network here: ansible-test must not try to install its requirements.
 exec ansible-test sanity --controller "origin:python=$PYTHON_VERSION" "${TARGETS[@]}" --color no "$@"
