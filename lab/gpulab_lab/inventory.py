@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from pathlib import Path
 
 import yaml
 
@@ -33,7 +34,7 @@ def vllm_image_key(images: list[str]) -> str:
     return "vllm-seed" if "vllm-seed" in images and "vllm" not in images else "vllm"
 
 
-def write_inventory(cfg: LabConfig, images: list[str]) -> None:
+def write_inventory(cfg: LabConfig, images: list[str], model: Path | None = None) -> None:
     key = CACHE / "ssh" / "id_ed25519"
     hosts = {}
     for i, name in enumerate(cfg.node_names, start=1):
@@ -60,6 +61,8 @@ def write_inventory(cfg: LabConfig, images: list[str]) -> None:
                 # own folder, which `make lab-down` removes.
                 "gpulab_secrets_dir": str(NODE_FILES / "secrets"),
                 "vllm_server_config_dir": str(NODE_FILES / "vllm"),
+                # The lab's model as a folder on the controller (lab/gpulab_lab/models.py), for the weights role.
+                "lab_model_dir": str(model) if model else "",
             },
             "children": {
                 "ray_head": {"hosts": {head: hosts[head]}},

@@ -15,6 +15,7 @@ from .common import BUILD, CACHE, INVENTORY, NODE_FILES, NS_PREFIX, RUN, STATE_F
 from .config import LabConfig
 from .images import ensure_base_image, ensure_image
 from .inventory import write_inventory
+from .models import DATA_MOUNT, NODE_DATA, model_folder, prepare_data
 from .network import FABRIC_BRIDGE, MGMT_BRIDGE, ensure_bridge, ensure_forwarding, ensure_node_network, remove_forwarding
 from .nodes import clear_node_docker, ensure_ssh_keys, start_node_docker, start_node_sshd, stop_node_docker
 from .registry import start_registry
@@ -62,6 +63,7 @@ def up(cfg: LabConfig, images: list[str]) -> None:
     ensure_forwarding(FABRIC_BRIDGE)
     ensure_ssh_keys()
     start_registry(cfg)
+    prepare_data(cfg.node_names)
     for i, name in enumerate(cfg.node_names, start=1):
         ensure_node_network(cfg, i)
         (RUN / name).mkdir(parents=True, exist_ok=True)
@@ -71,7 +73,9 @@ def up(cfg: LabConfig, images: list[str]) -> None:
     ensure_base_image()
     for key in images:
         ensure_image(cfg, key)
-    write_inventory(cfg, images)
+    # The lab's model as a folder on the controller, for the weights role (from the vLLM image's own layer).
+    model = model_folder(cfg, "vllm" if "vllm" in images else "vllm-seed") if {"vllm", "vllm-seed"} & set(images) else None
+    write_inventory(cfg, images, model)
     fabric = ", ".join(f"{n}={cfg.node_fabric_if(i)}" for i, n in enumerate(cfg.node_names, start=1))
     log(f"up: {cfg.nodes} node(s), fabric {cfg.fabric_subnet} on {fabric}, {cfg.gpus_per_node} lab GPU(s) per node"
         f"{', unified memory on ' + cfg.unified_memory_nodes if cfg.unified_memory_nodes else ''}, "
@@ -112,6 +116,12 @@ def down() -> None:
         shutil.rmtree("/dev/infiniband", ignore_errors=True)
     shutil.rmtree(RUN, ignore_errors=True)
     shutil.rmtree(NODE_FILES, ignore_errors=True)
+    # The nodes' own disks (the models the weights role copied) and their mount point on the machine.
+    shutil.rmtree(NODE_DATA, ignore_errors=True)
+    try:
+        DATA_MOUNT.rmdir()  # empty on the machine: only the nodes' namespaces had their folders there
+    except OSError:
+        pass
     if INVENTORY.exists():
         INVENTORY.unlink()
     log("down: no namespace, bridge, daemon, sshd, registry, container or rule of the lab is left"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .common import CACHE, PROJECT, RUN, netns_path, node_dirs, ok, pid_alive, run, stop_pid, wait_for
 from .config import LabConfig
+from .models import bind_data_command
 
 
 # The stand-in for the NVIDIA container toolkit's hook (lab/gpu/nvidia_hook.py), installed under the name
@@ -40,7 +41,8 @@ def start_node_docker(cfg: LabConfig, name: str) -> None:
         "nsenter", f"--net={netns_path(name)}", "--",
         "unshare", "--uts", "--mount", "--propagation", "private", "--",
         "sh", "-c",
-        'hostname "$0" && mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && shift 2 && exec "$@"',
+        'hostname "$0" && mount --bind "$1" /etc/hosts && mount --bind "$2" /etc/resolv.conf && '
+        + bind_data_command(name) + ' && shift 2 && exec "$@"',
         name, str(etc / "hosts"), str(etc / "resolv.conf"),
         "dockerd",
         "--data-root", str(d["data"]),
@@ -155,6 +157,8 @@ def start_node_sshd(cfg: LabConfig, i: int) -> None:
         # A sysfs mounted here shows the node's own interfaces, so gathered facts are the node's.
         'hostname "$0" && mount -t sysfs sysfs /sys && mount --bind "$3/hosts" /etc/hosts'
         ' && mount --bind "$3/resolv.conf" /etc/resolv.conf && mount --bind "$1" /run && mkdir -p /run/sshd'
+        # The node's own disk for the model (lab/gpulab_lab/models.py), in its SSH sessions as for its containers.
+        ' && ' + bind_data_command(name) +
         ' && exec /usr/sbin/sshd -f "$2"',
         name, str(d["run"]), "/run/sshd_config", str(write_node_etc(cfg, name)),
     ]

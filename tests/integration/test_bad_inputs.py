@@ -21,6 +21,9 @@ pytestmark = pytest.mark.lab
 from labkit import BIN, LAB_INVENTORY, ROOT, lab_hosts as _lab_hosts, node_docker, playbook_env as _env, single_file_image
 
 
+NODE_DATA = ROOT / "build" / "lab" / "node-data"
+
+
 def _node_docker(node: str, *args: str) -> str:
     return node_docker(node, *args).stdout
 
@@ -37,6 +40,8 @@ def snapshot(nodes: list[str]) -> dict:
             "containers": _node_docker(node, "ps", "-a", "--no-trunc", "--format", "{{.ID}} {{.Names}} {{.State}}"),
             "volumes": _node_docker(node, "volume", "ls", "-q"),
             "iptables": _in_node(node, "iptables", "-S").stdout,
+            # The node's own disk: the model folders the weights role fills.
+            "models": sorted(str(p.relative_to(NODE_DATA)) for p in (NODE_DATA / node).rglob("*")),
         }
     secrets_dir = Path(_lab_hosts()["all"]["vars"]["gpulab_secrets_dir"])
     state["token_file"] = (secrets_dir / "ray_token").exists()
@@ -135,8 +140,18 @@ CASES = [
     ("image-tag-missing", None, {"image_ref": "{{ lab_registry }}/gpulab/vllm-cpu:no-such-tag", "image_allow_tag": True},
      ["cannot pull", "gpulab/vllm-cpu:no-such-tag", "check that the registry has this tag"]),
     ("image-ref-malformed", None, {"image_ref": "not an image!"}, ["is not an image reference", "NAME:TAG"]),
-    ("model-path-missing", None, {"qwen35_model": "/models/no-such-model"},
+    # A model folder the image must hold (the weights role not in use).
+    ("model-path-missing", None, {"qwen35_model": "/models/no-such-model", "weights_source": ""},
      ["missing on this node: /models/no-such-model", "put the model there"]),
+    ("model-not-the-weights-folder", None, {"qwen35_model": "/models/tiny-llama"},
+     ["vllm_server_model is \"/models/tiny-llama\", but weights_source=controller puts the model in /srv/gpulab-lab/models/tiny-llama",
+      "set vllm_server_model (qwen35_model for deploy_qwen35) to /srv/gpulab-lab/models/tiny-llama"]),
+    ("weights-source-missing", None, {"weights_source_path": "/no/such/model"},
+     ["weights_source_path /no/such/model is not a folder on the controller", "point weights_source_path at the folder"]),
+    ("weights-dir-relative", None, {"weights_dir": "models/tiny", "qwen35_model": "models/tiny"},
+     ["weights_dir is \"models/tiny\"; give the absolute folder the model goes to on every node"]),
+    ("weights-port-on-a-ray-port", None, {"weights_port": 6379},
+     ["weights_port=6379 is also ray_cluster_port", "choose another weights_port"]),
     ("extra-args-as-string", None, {"vllm_server_extra_args": "--enforce-eager --max-num-seqs 4"},
      ["vllm_server_extra_args=", "must be a list of strings", "one item per word"]),
     ("extra-args-not-an-option", None, {"vllm_server_extra_args": ["enforce-eager"]},
