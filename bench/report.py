@@ -194,6 +194,36 @@ def variants_section(variants: dict) -> list[str]:
     return out
 
 
+def weights_section(weights: dict) -> list[str]:
+    """The model onto every node: per lab size, the play's wall time, rounds, each node's copy rate, the re-run; and the
+    copy's rate against a raw stream over the same fabric addresses."""
+    if not weights:
+        return []
+    mb = weights.get("model_mb") or 0
+    out = ["", "## The model onto every node (weights role, %d MB in %s)" % (mb, "random shards"), "",
+           "| nodes | copy play s (median, min-max) | rounds | per-node copy MB/s (median) | re-run s (median) | runs |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    raw_rates, copy_rates = [], []
+    for nodes, size in sorted((weights.get("sizes") or {}).items(), key=lambda kv: int(kv[0])):
+        copies = _ok(size.get("copy") or [])
+        walls = [c["wall_s"] for c in copies]
+        rates = [mb / span for c in copies for span in c.get("copy_spans_s") or [] if span > 0]
+        rounds = sorted({c.get("rounds") for c in copies})
+        s = summary(walls)
+        out.append("| %s | %s (%s-%s) | %s | %s | %s | %d |" % (
+            nodes, _fmt(s["median"], 1), _fmt(s["min"], 1), _fmt(s["max"], 1), "/".join(str(r) for r in rounds) or "-",
+            _fmt(_median(rates), 0), _fmt(_median(_field(size.get("rerun") or [], "wall_s")), 1), s["n"]))
+        if size.get("raw_s"):
+            raw_rates = [mb / t for t in size["raw_s"] if t > 0]
+            copy_rates = rates
+    if raw_rates:
+        ratio = _median(copy_rates) / _median(raw_rates) if copy_rates else None
+        out += ["", "Raw stream over the same fabric addresses (one TCP stream, sendfile from the page cache, read into "
+                "nothing): %s MB/s median of %d; the copy with its proof (written, hashed, moved into place) reaches %s of it "
+                "(goal: 0.5 or more)." % (_fmt(_median(raw_rates), 0), len(raw_rates), _fmt(ratio, 2))]
+    return out
+
+
 def render(results: dict) -> str:
     out = ["# gpulab.vllm benchmarks", "", "Written by `make bench` (bench/run.py); method in docs/performance.md.", ""]
     out += machine_lines(results)
@@ -205,5 +235,6 @@ def render(results: dict) -> str:
     out += profile_section("no-op re-run of `deploy_qwen35.yml`", results.get("noop") or [])
     for nodes, entry in sorted((results.get("scale") or {}).items(), key=lambda kv: int(kv[0])):
         out += profile_section("Ray-only `deploy.yml`, %s nodes" % nodes, [r.get("playbook") for r in entry["rounds"]], limit=8)
+    out += weights_section(results.get("weights") or {})
     out += variants_section(results.get("variants") or {})
     return "\n".join(out) + "\n"

@@ -1,8 +1,8 @@
 # Copyright: gpulab.vllm contributors
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
-"""make bench: time to ready against the floor, gate reaction, no-op re-run, scale, facts latency.
+"""make bench: time to ready against the floor, gate reaction, no-op re-run, scale, facts latency, model copies.
 
-    bench/run.py [--runs 3] [--steps ready,noop,facts,scale] [--scale 2,4,8] [--variants NAME,...]
+    bench/run.py [--runs 3] [--steps ready,noop,facts,scale,weights] [--scale 2,4,8] [--variants NAME,...]
     bench/run.py --report        render bench/results/RESULTS.md again from results.json
 
 Runs on the lab (`make lab-up`, which `make bench` does first). Everything the playbooks run is a
@@ -42,6 +42,11 @@ VENV_BIN = ROOT / ".venv" / "bin"
 TREE_PARTS = ["galaxy.yml", "meta", "plugins", "roles", "playbooks"]
 RAY_ONLY = {"image_ref": "{{ lab_ray_image }}", "image_require_vllm": False, "gpulab_vllm_serve": False}
 PLAYBOOK_TIMEOUT = 1800
+# The model the weights step copies: random shards on node1's own disk.
+NODE_DATA = ROOT / "build" / "lab" / "node-data"
+RUN = Path("/run/gpulab-lab")
+WEIGHTS_SHARDS = 8
+WEIGHTS_SHARD_MB = 128
 
 
 def log(msg: str) -> None:
@@ -359,6 +364,68 @@ class Bench:
                 entry["noop"].append(self.playbook("deploy.yml", extra, tree, what="noop"))
                 self.save()
 
+    # ------------------------------------------------------------------ the model on every node
+    def _bench_model(self, node: str) -> None:
+        """A model of WEIGHTS_SHARDS random shards on the node's own disk (lab node-data), made once."""
+        folder = NODE_DATA / node / "bench-model"
+        if len(list(folder.glob("*.safetensors"))) == WEIGHTS_SHARDS:
+            return
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        for index in range(WEIGHTS_SHARDS):
+            with open(folder / ("model-%05d-of-%05d.safetensors" % (index + 1, WEIGHTS_SHARDS)), "wb") as out:
+                for chunk_index in range(WEIGHTS_SHARD_MB):
+                    out.write(os.urandom(1 << 20))
+        (folder / "config.json").write_text('{"model_type": "bench"}')
+
+    def _raw_stream(self, sender: benchlib.Node, receiver: benchlib.Node, folder: Path) -> float:
+        """Seconds to stream the model's shards from sender to receiver over their fabric addresses: one plain TCP
+        stream (sendfile from the page cache, read into nothing), the link's own figure beside the copy's."""
+        files = sorted(str(Path("/srv/gpulab-lab/bench-model") / p.name) for p in folder.glob("*.safetensors"))
+        send = ("import socket,sys\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+                "s.bind((sys.argv[1],7390));s.listen(1);c,_=s.accept()\n"
+                "for p in sys.argv[2:]:\n    c.sendfile(open(p,'rb'))\nc.close()")
+        take = ("import socket,sys,time\nc=socket.create_connection((sys.argv[1],7390));t=time.monotonic();n=0\n"
+                "while True:\n    b=c.recv(1<<20)\n    if not b: break\n    n+=len(b)\nprint(n,time.monotonic()-t)")
+        # In the sender's network namespace, and in its sshd's mount namespace, where its own disk is.
+        sshd = (RUN / sender.name / "run" / "sshd.pid").read_text().strip()
+        server = subprocess.Popen(["nsenter", "--net=%s" % sender.netns, "--mount=/proc/%s/ns/mnt" % sshd, "--",
+                                   "python3", "-c", send, sender.fabric_ip, *files])
+        time.sleep(1.0)
+        try:
+            out = benchlib.in_netns(receiver, ["python3", "-c", take, sender.fabric_ip], check=True).stdout.split()
+        finally:
+            server.wait(30)
+        return float(out[1])
+
+    def step_weights(self) -> None:
+        """The model onto every node: copy throughput with proof against a raw stream, the re-run, 2/4/8 nodes."""
+        entry = self.results["weights"] = {"model_mb": WEIGHTS_SHARDS * WEIGHTS_SHARD_MB, "sizes": {}}
+        for nodes in self.args.scale:
+            self.lab_up(nodes, "ray vllm")
+            self.teardown()
+            names = [n.name for n in self.nodes()]
+            self._bench_model(names[0])
+            extra = {"weights_source": "node", "weights_source_host": names[0], "weights_source_path": "/srv/gpulab-lab/bench-model",
+                     "weights_dir": "/srv/gpulab-lab/bench-model", "gpulab_progress_interval": 10}
+            size = entry["sizes"][str(nodes)] = {"copy": [], "rerun": [], "raw_s": []}
+            for run_index in range(self.args.runs):
+                for name in names[1:]:
+                    shutil.rmtree(NODE_DATA / name / "bench-model", ignore_errors=True)
+                    shutil.rmtree(NODE_DATA / name / ".gpulab-stamps", ignore_errors=True)
+                copy = self.playbook("weights.yml", extra, what="weights-%d" % nodes)
+                parsed = timeline.read(LOGS / (copy["label"] + ".jsonl"))
+                spans = [round(h["end"] - h["start"], 3) for t in parsed["tasks"] if t["action"] == "gpulab.vllm.weights_fetch"
+                         for h in t["hosts"].values() if h.get("changed") and "start" in h and "end" in h]
+                copy["copy_spans_s"] = spans
+                copy["rounds"] = sum(1 for t in parsed["tasks"] if t["action"] == "gpulab.vllm.weights_fetch")
+                size["copy"].append(copy)
+                size["rerun"].append(self.playbook("weights.yml", extra, what="weights-rerun-%d" % nodes))
+                if nodes == min(self.args.scale):
+                    nodes_list = self.nodes()
+                    size["raw_s"].append(round(self._raw_stream(nodes_list[0], nodes_list[1], NODE_DATA / names[0] / "bench-model"), 3))
+                self.save()
+
     def finish(self) -> None:
         """Leave the lab as the benchmark found it by default: two nodes, both images, nothing running."""
         self.lab_up(2, "ray vllm")
@@ -368,13 +435,13 @@ class Bench:
         self.save()
 
 
-STEPS = ("ready", "noop", "facts", "scale", "variants")
+STEPS = ("ready", "noop", "facts", "scale", "weights", "variants")
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each kind (3 or more)")
-    parser.add_argument("--steps", default="ready,noop,facts,scale", help="comma-separated, from %s" % ", ".join(STEPS))
+    parser.add_argument("--steps", default="ready,noop,facts,scale,weights", help="comma-separated, from %s" % ", ".join(STEPS))
     parser.add_argument("--scale", default="2,4,8", help="lab sizes for the Ray-only deploy")
     parser.add_argument("--variants", default="", help="patches under bench/patches/ (NAME) or commits (rev:COMMIT) to measure beside the snapshot")
     parser.add_argument("--report", action="store_true", help="only render RESULTS.md from results.json")

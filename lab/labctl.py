@@ -15,6 +15,7 @@ own sshd; a registry on the machine serves the lab images to every node.
     labctl.py input NODE drop|accept   harden a node (INPUT policy DROP; loopback, replies, SSH admitted) or open it
     labctl.py rdma NODE FIXTURE|off   show a node a recorded sysfs tree (tests/unit/fixtures/sysfs) with its HCAs
     labctl.py rate NODE RATE|off   throttle what a node sends on its fabric link (a tc rate: 200mbit) or lift it
+    labctl.py hub up|down          a Hugging Face hub mirror (olah) on the management gateway serving the lab model
     labctl.py disk NODE SIZE|off   give a node a small file system (tmpfs, e.g. 2M) where its model folder lives, or its own again
 
 Parameters come from the environment: NODES, FABRIC_SUBNET, MGMT_SUBNET,
@@ -37,7 +38,8 @@ from gpulab_lab.common import RUN, LabError, netns_path, node_dirs  # noqa: E402
 from gpulab_lab.config import LAB_IMAGES, LabConfig  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.images import ensure_base_image, ensure_image  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.lifecycle import check_build_prerequisites, current_config, down, status, up  # noqa: E402  pylint: disable=wrong-import-position
-from gpulab_lab.models import set_disk  # noqa: E402  pylint: disable=wrong-import-position
+from gpulab_lab import hub  # noqa: E402  pylint: disable=wrong-import-position
+from gpulab_lab.models import model_folder, set_disk  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.network import present_sysfs, set_fabric_link, set_fabric_rate, set_input_policy  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.registry import start_registry  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.nodes import start_node_docker, stop_node_docker  # noqa: E402  pylint: disable=wrong-import-position
@@ -86,6 +88,12 @@ def main(argv: list[str]) -> int:
             set_input_policy(current_config(), argv[1], argv[2])
         elif verb == "rdma" and len(argv) == 3:
             present_sysfs(current_config(), argv[1], argv[2])
+        elif verb == "hub" and len(argv) == 2 and argv[1] in ("up", "down"):
+            if argv[1] == "up":
+                cfg = current_config()
+                print(json.dumps(hub.start(cfg, model_folder(cfg))))
+            else:
+                hub.stop()
         elif verb == "disk" and len(argv) == 3:
             set_disk(current_config(), argv[1], argv[2])
         elif verb == "rate" and len(argv) == 3:

@@ -14,6 +14,7 @@ from pathlib import Path
 from .common import BUILD, CACHE, INVENTORY, NODE_FILES, NS_PREFIX, RUN, STATE_FILE, LabError, existing_namespaces, log, node_dirs, ok, pid_alive, run, stop_pid
 from .config import LabConfig
 from .images import ensure_base_image, ensure_image
+from . import hub
 from .inventory import write_inventory
 from .models import DATA_MOUNT, NODE_DATA, model_folder, prepare_data
 from .network import FABRIC_BRIDGE, MGMT_BRIDGE, ensure_bridge, ensure_forwarding, ensure_node_network, remove_forwarding
@@ -102,6 +103,7 @@ def down() -> None:
         clear_node_docker(name)
         stop_node_docker(name)
     stop_pid(RUN / "registry.pid", timeout=10)
+    hub.stop()
     # Whatever dockerd did not unmount (a killed daemon), unmount deepest first.
     for target in sorted(lab_mounts(), key=len, reverse=True):
         run(["umount", "-l", target], check=False)

@@ -21,6 +21,11 @@ def human_bytes(count):
     return _weights.human_bytes(int(count or 0))
 
 
+def weights_problem(problem):
+    """One problem of a proof as a phrase: 'FILE: truncated (expected N bytes, found M bytes)'."""
+    return _weights.describe(problem)
+
+
 class FilterModule:
     def filters(self):
-        return {"weights_plan": weights_plan, "human_bytes": human_bytes}
+        return {"weights_plan": weights_plan, "human_bytes": human_bytes, "weights_problem": weights_problem}

@@ -150,6 +150,8 @@ CASES = [
      ["weights_source_path /no/such/model is not a folder on the controller", "point weights_source_path at the folder"]),
     ("weights-dir-relative", None, {"weights_dir": "models/tiny", "qwen35_model": "models/tiny"},
      ["weights_dir is \"models/tiny\"; give the absolute folder the model goes to on every node"]),
+    ("weights-hub-unpinned", None, {"weights_source": "hub", "weights_repo": "gpulab/tiny-llama", "weights_revision": "main"},
+     ["weights_revision is \"main\", not a commit: pin the revision to its 40-hex commit", "or set weights_allow_unpinned"]),
     ("weights-port-on-a-ray-port", None, {"weights_port": 6379},
      ["weights_port=6379 is also ray_cluster_port", "choose another weights_port"]),
     ("extra-args-as-string", None, {"vllm_server_extra_args": "--enforce-eager --max-num-seqs 4"},

@@ -1,10 +1,12 @@
-"""The weights role on the lab: the model goes from the controller's folder to the head, then node to node over the
-fabric, proven file by file on every node; a truncated shard is named and repaired from a verified copy; a node
-without room is refused before any copy; a copy cut off mid-way resumes where it stopped; a re-run changes nothing."""
+"""The weights role on the lab: the model goes from the controller's folder (or the lab's hub mirror, through the
+real huggingface_hub client) to the head, then node to node over the fabric, proven file by file on every node; a
+truncated shard is named and repaired from a verified copy; a node without room is refused before any copy; a copy
+cut off mid-way resumes where it stopped; a re-run changes nothing."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import re
@@ -17,7 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-from labkit import BIN, LAB_INVENTORY as INVENTORY, ROOT, lab_hosts, playbook_env  # noqa: E402
+from labkit import BIN, LAB_INVENTORY as INVENTORY, ROOT, lab_hosts, node_docker, playbook_env  # noqa: E402
 
 PLAYBOOK = ROOT / "playbooks" / "weights.yml"
 NODE_DATA = ROOT / "build" / "lab" / "node-data"
@@ -176,3 +178,36 @@ def test_a_copy_cut_off_midway_resumes_where_it_stopped(restore):
     resumed = [int(m) for m in re.findall(r'resumed_bytes: (\d+)', run.stdout)]
     assert resumed and resumed[0] > 0, run.stdout[-3000:]
     assert _model_files(_node_copy("node2")) == _model_files(_source())
+
+
+@pytest.fixture()
+def hub():
+    """The lab's hub mirror (olah) serving the lab model as a git repository with LFS shards."""
+    up = subprocess.run([*LABCTL, "hub", "up"], capture_output=True, text=True, check=False, timeout=600)
+    assert up.returncode == 0, up.stderr[-2000:]
+    yield json.loads(up.stdout.strip().splitlines()[-1])
+    subprocess.run([*LABCTL, "hub", "down"], check=False, capture_output=True)
+
+
+def test_a_hub_source_is_fetched_once_proven_and_spread_and_a_rerun_needs_no_hub(hub, restore):
+    _wipe("node1", "node2")
+    image = lab_hosts()["all"]["vars"]["lab_vllm_image"]
+    node_docker("node1", "pull", image)  # the playbook's own deploy pulls it; here the weights role runs alone
+    extra = {"weights_source": "hub", "weights_repo": hub["repo"], "weights_revision": hub["commit"],
+             "weights_hf_endpoint": hub["endpoint"], "weights_hf_token": "hf_lab_token_never_printed", "weights_image": image}
+    run = _play("-vvv", "-e", json.dumps(extra))
+    assert run.returncode == 0, run.stdout[-4000:]
+    assert "hf_lab_token_never_printed" not in run.stdout + run.stderr
+    said = " ".join(run.stdout.split())
+    # Fetched once, by the head; node2 from the head over the fabric.
+    assert "round 1 of 1: node2 <- node1" in said, said[-3000:]
+    want = _model_files(_source())
+    for node in ("node1", "node2"):
+        assert _model_files(_node_copy(node)) == want, node
+    # No token left behind.
+    assert not list(NODE_DATA.glob("*/models/.gpulab-stamps/hf.token"))
+    # The record of the pinned revision spares the hub: with the mirror gone, a re-run proves and changes nothing.
+    subprocess.run([*LABCTL, "hub", "down"], check=True, capture_output=True)
+    again = _play("-e", json.dumps(extra))
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert _recap(again.stdout) == {"node1": 0, "node2": 0}, again.stdout[-3000:]
