@@ -15,7 +15,7 @@ from .common import BUILD, CACHE, INVENTORY, NODE_FILES, NS_PREFIX, RUN, STATE_F
 from .config import LabConfig
 from .images import ensure_base_image, ensure_image
 from . import hub
-from .inventory import write_inventory
+from .inventory import vllm_image_key, write_inventory
 from .models import DATA_MOUNT, NODE_DATA, model_folder, prepare_data
 from .network import FABRIC_BRIDGE, MGMT_BRIDGE, ensure_bridge, ensure_forwarding, ensure_node_network, remove_forwarding
 from .nodes import clear_node_docker, ensure_ssh_keys, start_node_docker, start_node_sshd, stop_node_docker
@@ -75,7 +75,7 @@ def up(cfg: LabConfig, images: list[str]) -> None:
     for key in images:
         ensure_image(cfg, key)
     # The lab's model as a folder on the controller, for the weights role (from the vLLM image's own layer).
-    model = model_folder(cfg, "vllm" if "vllm" in images else "vllm-seed") if {"vllm", "vllm-seed"} & set(images) else None
+    model = model_folder(cfg, vllm_image_key(images)) if {"vllm", "vllm-seed"} & set(images) else None
     write_inventory(cfg, images, model)
     fabric = ", ".join(f"{n}={cfg.node_fabric_if(i)}" for i, n in enumerate(cfg.node_names, start=1))
     log(f"up: {cfg.nodes} node(s), fabric {cfg.fabric_subnet} on {fabric}, {cfg.gpus_per_node} lab GPU(s) per node"

@@ -90,15 +90,18 @@ def _split_safetensors(source: Path, out: Path, shards: int) -> dict:
 
 
 def model_folder(cfg: LabConfig, key: str = "vllm") -> Path:
-    """The lab's model, in shards with an index, on the controller (made once from the registry's image layer)."""
-    target = MODELS / MODEL_NAME
+    """The lab's model, in shards with an index, on the controller (made once from the registry's image layer).
+
+    One folder per image: each image's model was saved by its own transformers, whose tokenizer files an older
+    transformers (the seed's) may not read."""
+    target = MODELS / key / MODEL_NAME
     if (target / "model.safetensors.index.json").exists():
         return target
     digest = _model_layer(cfg, key)
     url = f"http://127.0.0.1:{cfg.registry_port}/v2/{LAB_IMAGES[key].repo}/blobs/{digest}"
     with urllib.request.urlopen(url, timeout=60) as answer:
         blob = answer.read()
-    staging = MODELS / (MODEL_NAME + ".new")
+    staging = MODELS / key / (MODEL_NAME + ".new")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     prefix = f"models/{MODEL_NAME}/"

@@ -45,8 +45,9 @@ def _source() -> Path:
 
 
 def _model_files(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): _sha(p) for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".gpulab")
-            and ".gpulab" not in p.relative_to(folder).parts[0]}
+    """The model's files (not the collection's stamps and partial copies, nor the hub client's .cache)."""
+    return {str(p.relative_to(folder)): _sha(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.relative_to(folder).parts[0].startswith((".gpulab", ".cache"))}
 
 
 def _node_copy(node: str) -> Path:
