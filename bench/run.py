@@ -385,13 +385,15 @@ class Bench:
         send = ("import socket,sys\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
                 "s.bind((sys.argv[1],7390));s.listen(1);c,_=s.accept()\n"
                 "for p in sys.argv[2:]:\n    c.sendfile(open(p,'rb'))\nc.close()")
-        take = ("import socket,sys,time\nc=socket.create_connection((sys.argv[1],7390));t=time.monotonic();n=0\n"
+        # The receiver connects as soon as the sender listens (no fixed wait), then times the stream alone.
+        take = ("import socket,sys,time\nd=time.monotonic()+10\nwhile True:\n    try:\n"
+                "        c=socket.create_connection((sys.argv[1],7390));break\n    except OSError:\n"
+                "        if time.monotonic()>d: raise\n        time.sleep(0.05)\nt=time.monotonic();n=0\n"
                 "while True:\n    b=c.recv(1<<20)\n    if not b: break\n    n+=len(b)\nprint(n,time.monotonic()-t)")
         # In the sender's network namespace, and in its sshd's mount namespace, where its own disk is.
         sshd = (RUN / sender.name / "run" / "sshd.pid").read_text().strip()
         server = subprocess.Popen(["nsenter", "--net=%s" % sender.netns, "--mount=/proc/%s/ns/mnt" % sshd, "--",
                                    "python3", "-c", send, sender.fabric_ip, *files])
-        time.sleep(1.0)
         try:
             out = benchlib.in_netns(receiver, ["python3", "-c", take, sender.fabric_ip], check=True).stdout.split()
         finally:
