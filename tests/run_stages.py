@@ -20,8 +20,10 @@ Exit status is 0 only when every stage that ran passed.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +46,29 @@ def _env() -> dict:
     env.setdefault("ANSIBLE_FORCE_COLOR", "0")
     env.setdefault("PY_COLORS", "0")
     return env
+
+
+class DiskWatch:
+    """The free space of the checkout's file system, read every few seconds: how much the run took at its peak
+    (the lab's images, node copies and registry are tens of GB; a machine short of disk fails in a build)."""
+
+    def __init__(self, every: float = 5.0):
+        self.start = self.lowest = shutil.disk_usage(ROOT).free
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self.lowest = min(self.lowest, shutil.disk_usage(ROOT).free)
+
+    def line(self) -> str:
+        self._stop.set()
+        now = shutil.disk_usage(ROOT).free
+        self.lowest = min(self.lowest, now)
+        gb = 1e9
+        return (f"disk: {self.start / gb:.1f} GB free at the start, {self.lowest / gb:.1f} GB at the lowest "
+                f"({(self.start - self.lowest) / gb:.1f} GB taken at the peak), {now / gb:.1f} GB at the end")
 
 
 def stage_commands() -> dict[str, list[list[str]]]:
@@ -77,6 +102,8 @@ def main(argv: list[str]) -> int:
         print(f"run_stages: unknown stage(s) {unknown}; choose from {list(stages)}", file=sys.stderr)
         return 2
     results = []
+    disk = DiskWatch()
+    print(f"disk: {disk.start / 1e9:.1f} GB free at the start", flush=True)
     needs_lab = [name for name in wanted if name == "lab" or name.startswith("molecule:")]
     images = None
     if needs_lab and needs_lab[0] != wanted[0]:
@@ -136,6 +163,7 @@ def main(argv: list[str]) -> int:
         print(f"  {name:<20} {'passed' if status == 0 else 'FAILED':<7} {elapsed:7.0f}s")
     failed = sum(1 for result in results if result[1] != 0)
     print(f"stages: {len(results) - failed} passed, {failed} failed")
+    print(disk.line())
     return 1 if failed else 0
 
 

@@ -4,12 +4,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -131,6 +135,24 @@ def ensure_wheelhouse(key: str, folder: Path, image: LabImage) -> Path:
     return house
 
 
+@contextlib.contextmanager
+def serve_folder(folder: Path):
+    """Serve a folder's files over HTTP on loopback for as long as the block runs; yields its URL. pip takes
+    loopback as a secure origin, so --find-links needs no --trusted-host."""
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format, *args):  # pylint: disable=redefined-builtin
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
     image = LAB_IMAGES[key]
     folder = IMAGES_DIR / image.folder
@@ -149,34 +171,35 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
             target = context / ("requirements.txt" if path.name == image.requirements else path.relative_to(folder))
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
-        # Hard links: the wheels are large and the context only needs to be read.
-        shutil.copytree(house, context / "wheelhouse", copy_function=os.link)
         log(f"building {local_ref} (recipe {digest}): a few minutes; its log: build/lab/logs/build-{key}.log")
         (BUILD / "lab" / "logs").mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         log_path = BUILD / "lab" / "logs" / f"build-{key}.log"
-        # A second try, on the layers the first one finished: the builds reach the Debian mirrors, which
-        # fail now and then (a mirror in sync answers "Hash Sum mismatch"). A recipe that is broken fails twice.
-        for attempt in (1, 2):
-            with open(log_path, "w") as build_log:
-                proc = watch(subprocess.Popen(
-                    ["docker", "build", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
-                     "--build-arg", f"PIP_DEPS={'--no-deps' if image.locked else ''}",
-                     "--label", f"org.gpulab.lab.recipe={digest}", "-t", local_ref, str(context)],
-                    stdout=build_log, stderr=subprocess.STDOUT,
-                ), f"building the {key} image", lambda: last_step(log_path))
-            if proc.returncode == 0:
-                break
-            tail = log_tail(log_path)
-            if attempt == 1:
-                log(f"building the {key} image failed (exit {proc.returncode}); trying once more. Its log ended:\n{tail}")
-                shutil.copyfile(log_path, log_path.with_suffix(".first.log"))
-            else:
-                raise LabError(f"building the {key} image failed twice; see build/lab/logs/build-{key}.log, which "
-                               f"ends:\n{tail}")
+        # The wheels reach the build over HTTP on loopback (the build shares the machine's network), not in its
+        # context: a context would be copied twice more (the daemon's copy, and a layer), 4.3 GB each for the seed.
+        # One server for both tries, so the second one's steps match the first one's cache.
+        with serve_folder(house) as wheels:
+            # A second try, on the layers the first one finished: the builds reach the Debian mirrors, which
+            # fail now and then (a mirror in sync answers "Hash Sum mismatch"). A recipe that is broken fails twice.
+            for attempt in (1, 2):
+                with open(log_path, "w") as build_log:
+                    proc = watch(subprocess.Popen(
+                        ["docker", "build", "--network", "host", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
+                         "--build-arg", f"PIP_DEPS={'--no-deps' if image.locked else ''}", "--build-arg", f"WHEELS={wheels}",
+                         "--label", f"org.gpulab.lab.recipe={digest}", "-t", local_ref, str(context)],
+                        stdout=build_log, stderr=subprocess.STDOUT,
+                    ), f"building the {key} image", lambda: last_step(log_path))
+                if proc.returncode == 0:
+                    break
+                tail = log_tail(log_path)
+                if attempt == 1:
+                    log(f"building the {key} image failed (exit {proc.returncode}); trying once more. Its log ended:\n{tail}")
+                    shutil.copyfile(log_path, log_path.with_suffix(".first.log"))
+                else:
+                    raise LabError(f"building the {key} image failed twice; see build/lab/logs/build-{key}.log, which "
+                                   f"ends:\n{tail}")
         log(f"built {local_ref} in {time.monotonic() - started:.0f}s")
-        # The build stage, left untagged, holds a second copy of every installed package (GBs for the
-        # vLLM images); only lab images carry the base's label, so only theirs go. The wheels go too
+        # Untagged images a failed try left go (only lab images carry the base's label). The wheels go too
         # (the seed's are 4.3 GB): they are downloaded again only if the recipe changes.
         run(["docker", "image", "prune", "--force", "--filter", "label=org.gpulab.lab.base"], check=False)
         shutil.rmtree(house, ignore_errors=True)

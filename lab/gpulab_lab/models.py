@@ -47,7 +47,7 @@ def prepare_data(names) -> None:
 
 
 def _model_layer(cfg: LabConfig, key: str) -> str:
-    """The digest of the image layer that holds /models (the image's `COPY --from=build /models /models`)."""
+    """The digest of the image layer that holds /models (the image's `RUN .../make_tiny_model.py /models/...`)."""
     image = LAB_IMAGES[key]
     found = _registry_get(cfg, f"{image.repo}/manifests/{image.tag}", MANIFEST_V2)
     if found is None:
@@ -57,9 +57,9 @@ def _model_layer(cfg: LabConfig, key: str) -> str:
     history = [h for h in (config[1].get("history") or []) if not h.get("empty_layer")] if config else []
     layers = manifest.get("layers") or []
     for entry, layer in zip(history, layers):
-        if " in /models" in entry.get("created_by", ""):  # the builder writes COPY as "COPY dir:... in /models"
+        if "make_tiny_model.py /models/" in entry.get("created_by", ""):
             return layer["digest"]
-    raise LabError(f"no layer of {image.repo}:{image.tag} copies /models; is it the lab vLLM image?")
+    raise LabError(f"no layer of {image.repo}:{image.tag} makes /models; is it the lab vLLM image?")
 
 
 def _split_safetensors(source: Path, out: Path, shards: int) -> dict:
