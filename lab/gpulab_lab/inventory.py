@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from .common import CACHE, INVENTORY, NODE_FILES
+from .common import CACHE, INVENTORY, NODE_FILES, node_dirs
 from .config import LabConfig
 from .images import pinned_ref
 
@@ -39,7 +39,9 @@ def write_inventory(cfg: LabConfig, images: list[str], model: Path | None = None
     hosts = {}
     for i, name in enumerate(cfg.node_names, start=1):
         hosts[name] = {"ansible_host": cfg.mgmt_ip(i), "lab_fabric_ip": cfg.fabric_ip(i),
-                       "lab_fabric_if": cfg.node_fabric_if(i), "lab_unified_memory": cfg.unified_memory(name)}
+                       "lab_fabric_if": cfg.node_fabric_if(i), "lab_unified_memory": cfg.unified_memory(name),
+                       # The node's own Docker daemon, as its containers' mounts see it (the machine's /run).
+                       "lab_docker_socket": str(node_dirs(name)["run"] / "docker.sock")}
     head, workers = cfg.node_names[0], cfg.node_names[1:]
     inventory = {
         "all": {

@@ -124,6 +124,8 @@ def node_record(info):
     record = {
         "node_id": info.node_id.hex(),
         "node_ip": info.node_manager_address,
+        # Where the node's raylet listens: a raylet that stopped answering here is gone before the GCS says so.
+        "node_manager_port": info.node_manager_port,
         "node_name": info.node_name,
         "state": enum_name(info, "state"),
         "is_head": bool(info.is_head_node),

@@ -15,7 +15,7 @@ PREFIXES = sorted(p.name for p in ROLES.iterdir() if (p / "tasks").is_dir())
 SHARED = {"gpulab_head_group", "gpulab_worker_group", "gpulab_secrets_dir"}
 # Each role's one published fact, and the internal node read.
 OUTPUTS = {"fabric": "fabric_info", "image": "image_info", "ray_cluster": "ray_cluster_info", "gate": "gate_info", "collective": "collective_info",
-           "vllm_server": "vllm_server_info", "node": "gpulab_node", "weights": "weights_info"}
+           "vllm_server": "vllm_server_info", "node": "gpulab_node", "weights": "weights_info", "supervisor": "supervisor_info"}
 PRIVATE = re.compile(r"(?<![\w.])_{1,2}(%s)_[a-z0-9_]+" % "|".join(PREFIXES))
 PUBLIC = {role: set(yaml.safe_load((ROLES / role / "defaults" / "main.yml").read_text()) or {}) - SHARED for role in PREFIXES}
 # Calling the internal node role with its inputs is how a role run on its own reads its node.

@@ -1,0 +1,674 @@
+# Copyright: (c) 2026, gpulab.vllm maintainers
+# GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The gang supervisor: brings a node's part of the Ray cluster and the vLLM server back, in order, after a crash
+or a reboot, without a play.
+
+One per node, in a container that Docker restarts itself (restart policy unless-stopped), with the node's Docker
+socket. The containers it watches run with no restart policy of their own, so that nothing starts out of order:
+
+* on a worker: its Ray container is started again once the head's GCS port answers; a worker that the head's
+  cluster no longer lists (the head restarted) is restarted at once rather than after Ray's own timeout;
+* on the head: the Ray head first; then the same gate as the deploy (every node's fabric address and every GPU
+  alive in Ray, read with the collection's GCS reader in the head container); only then the vLLM server. A server
+  whose cluster lost a node it was started with (a worker restarted alone) is stopped and started again through
+  the gate, never left with a broken engine.
+
+Before it starts anything it makes sure the host firewall the deploy wrote (the chain GPULAB-INPUT and its jump
+first in INPUT) is in place, and writes it again when a reboot or a firewall reload cleared it, with the host's own
+iptables; nothing starts while that fails.
+
+It does nothing while a deploy holds it (the file ``hold`` in its folder, with the time the hold ends), and it
+never creates or removes a container: that stays the deploy's job. Every action and its reason goes to its log
+and to ``state.json`` (restart counts, the last events, the phase), which the status playbook shows.
+
+Standard library only; the Python of the Ray image runs it.
+"""
+
+from __future__ import absolute_import, division, print_function
+
+import calendar
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+try:
+    import http.client as http_client
+except ImportError:  # pragma: no cover - Python 2 is not a target of this program
+    import httplib as http_client  # type: ignore
+
+EVENTS_KEPT = 30
+# Starts of one container within this many seconds count towards its backoff.
+BACKOFF_WINDOW = 1800
+# Seconds between two checks that the head's cluster lists a running worker.
+MEMBER_EVERY = 15
+
+
+# --- what a container's state says --------------------------------------------------------------------------------
+
+def container_state(inspect):
+    """The few facts of a ``docker inspect`` document the decisions need; None for a missing container."""
+    if inspect is None:
+        return None
+    state = inspect.get("State") or {}
+    return {
+        "id": inspect.get("Id", "")[:12],
+        "running": bool(state.get("Running")),
+        "status": state.get("Status"),
+        "exit_code": state.get("ExitCode"),
+        "oom_killed": bool(state.get("OOMKilled")),
+        "error": state.get("Error") or "",
+        "started_at": state.get("StartedAt"),
+        "finished_at": state.get("FinishedAt"),
+    }
+
+
+def why_stopped(state):
+    """One phrase for why a container is not running: exit code, OOM, killed, never started."""
+    if state is None:
+        return "missing"
+    if state.get("status") == "created":
+        return "created but never started"
+    code = state.get("exit_code")
+    parts = []
+    if state.get("oom_killed"):
+        parts.append("killed for memory (OOM)")
+    elif code == 137:
+        parts.append("killed (exit 137)")
+    elif code == 143:
+        parts.append("stopped (exit 143, SIGTERM)")
+    elif code is not None:
+        parts.append("exited with code %s" % code)
+    if state.get("error"):
+        parts.append(state["error"])
+    finished = state.get("finished_at") or ""
+    if finished and not finished.startswith("0001-"):
+        parts.append("at %s" % finished[:19].replace("T", " "))
+    return ", ".join(parts) or "not running"
+
+
+# --- the gate -----------------------------------------------------------------------------------------------------
+
+def alive(document):
+    return [node for node in (document or {}).get("nodes") or [] if node.get("state") == "ALIVE"]
+
+
+def shortfalls(document, expect, silent=()):
+    """What keeps the cluster from being whole, as phrases (the reader's own rule, restated without its pending
+    launches, which a cluster of ``ray start`` nodes never has); ["..."] when the GCS could not be read.
+
+    silent: "ip:port" of alive nodes whose raylet did not answer a TCP connect: gone, though the GCS has not
+    declared them dead yet (it takes its health checks' time), so the cluster is not whole."""
+    if document is None:
+        return ["no read of the cluster"]
+    if document.get("error"):
+        return [document["error"].get("message") or "the GCS could not be read"]
+    nodes = alive(document)
+    ips = set(node["node_ip"] for node in nodes)
+    phrases = []
+    # A worker whose Ray restarted is listed twice until the GCS declares its old node dead: not settled yet, and a
+    # server started now could place a rank on the old one.
+    seen = [node["node_ip"] for node in nodes]
+    twice = sorted(set(ip for ip in seen if seen.count(ip) > 1))
+    if twice:
+        phrases.append("node(s) %s listed twice (an old Ray node not yet declared dead)" % ", ".join(twice))
+    if silent:
+        phrases.append("raylet(s) at %s do not answer (gone; Ray has not declared them dead yet)" % ", ".join(silent))
+    missing = [ip for ip in expect.get("ips") or [] if ip not in ips]
+    if missing:
+        phrases.append("missing node(s) %s" % ", ".join(missing))
+    if expect.get("nodes") is not None and len(nodes) < expect["nodes"]:
+        phrases.append("%d of %d node(s) alive" % (len(nodes), expect["nodes"]))
+    gpus = sum(float(node.get("resources", {}).get("GPU", 0)) for node in nodes)
+    if expect.get("gpus") is not None and gpus < float(expect["gpus"]):
+        phrases.append("GPUs %g of %g" % (gpus, float(expect["gpus"])))
+    return phrases
+
+
+def members(document):
+    """node IP -> node ID of the alive nodes: the gang the server was started with."""
+    return dict((node["node_ip"], node["node_id"]) for node in alive(document))
+
+
+def gang_broken(started_with, document):
+    """Phrases naming the nodes the server was started with that the cluster no longer has, alive as they were
+    (a node ID changes when its Ray restarts, even at the same address); empty when the gang is as it was."""
+    if not started_with or document is None or document.get("error"):
+        return []
+    now = members(document)
+    phrases = []
+    for ip, node_id in sorted(started_with.items()):
+        if ip not in now:
+            phrases.append("node %s left the cluster" % ip)
+        elif now[ip] != node_id:
+            phrases.append("node %s rejoined as a new Ray node (its Ray restarted)" % ip)
+    return phrases
+
+
+# --- decisions ----------------------------------------------------------------------------------------------------
+
+def raylets(document):
+    """"ip:port" of every alive node's raylet, for a TCP check before the gate passes."""
+    return ["%s:%s" % (node["node_ip"], node["node_manager_port"]) for node in alive(document)
+            if node.get("node_manager_port")]
+
+
+def decide_head(head, server, serve, document, expect, started_with, silent=(), settled=True):
+    """What the head's supervisor does next: a list of (action, container-kind, reason), and the gang to remember.
+
+    head/server: container_state() results; document: the last reader document (None when not read);
+    started_with: node IP -> node ID the running server was started with (None when unknown).
+    Actions: 'start', 'stop', 'wait', 'adopt' (remember the current gang: a healthy server found running).
+    """
+    if head is None:
+        return [("wait", "head", "the Ray head container is missing; re-run the deploy")], None
+    if not head["running"]:
+        actions = []
+        if server is not None and server["running"]:
+            actions.append(("stop", "server", "the Ray head under it stopped"))
+        actions.append(("start", "head", why_stopped(head)))
+        return actions, None
+    if not serve:
+        return [], None
+    if server is None:
+        return [("wait", "server", "the vLLM server container is missing; re-run the deploy")], None
+    short = shortfalls(document, expect, silent)
+    if server["running"]:
+        if document is None or document.get("error"):
+            return [], started_with  # no evidence either way: a serving server is never stopped on a failed read
+        if started_with is None:
+            if short:
+                return [("stop", "server", "the cluster under it is not whole: " + "; ".join(short))], None
+            return [("adopt", "server", "running on a whole cluster")], members(document)
+        broken = gang_broken(started_with, document)
+        if broken:
+            return [("stop", "server", "; ".join(broken))], None
+        return [], started_with
+    if short:
+        return [("wait", "gate", "; ".join(short))], None
+    if not settled:
+        # A worker whose Ray restarted can listen again at its old address a moment before the GCS lists it as a new
+        # node and declares the old one dead: the same whole cluster, read again after a pause, is the one to trust.
+        return [("wait", "gate", "the cluster looks whole; waiting for it to hold steady")], None
+    return [("start", "server", "gate passed after the server " + why_stopped(server))], members(document)
+
+
+def decide_worker(worker, head_reachable, document, own_ip, running_for, grace):
+    """What a worker's supervisor does next: a list of (action, kind, reason).
+
+    document: a read of the head's cluster from this worker's container (None when not read); own_ip: this
+    node's fabric address; running_for: seconds the worker container has run (None when not running).
+    """
+    if worker is None:
+        return [("wait", "worker", "the Ray worker container is missing; re-run the deploy")]
+    if not worker["running"]:
+        if not head_reachable:
+            return [("wait", "head", "the head's GCS port does not answer yet")]
+        return [("start", "worker", why_stopped(worker))]
+    if running_for is not None and running_for >= grace and document is not None and not document.get("error"):
+        if own_ip not in members(document):
+            return [("restart", "worker", "the head's cluster does not list this node (the head restarted)")]
+    return []
+
+
+def backoff_left(starts, now, base, cap):
+    """Seconds to wait before starting a container again, given when it was started within the backoff window:
+    none for the first start, then base x 2^k after the last one, at most `cap`, so a crash loop slows down."""
+    recent = sorted(t for t in starts if now - t < BACKOFF_WINDOW)
+    if not recent:
+        return 0.0
+    wait = min(base * 2 ** len(recent), cap)
+    return max(0.0, recent[-1] + wait - now)
+
+
+def judge_generation(status, body, error):
+    """(ok, reason) of one watchdog probe: a completion with text is ok; anything else says why not, in one line
+    that never holds the key (the request's header is not part of it)."""
+    if error:
+        return False, "no answer: %s" % error
+    try:
+        document = json.loads(body or "")
+    except ValueError:
+        document = None
+    if status != 200:
+        message = ""
+        if isinstance(document, dict):
+            found = document.get("error")
+            message = found.get("message", "") if isinstance(found, dict) else (found or document.get("detail") or "")
+        message = " ".join(str(message or body or "").split())[:200]
+        return False, "HTTP %s%s" % (status, ": " + message if message else "")
+    choices = (document or {}).get("choices") if isinstance(document, dict) else None
+    if not choices or not isinstance(choices[0].get("text"), str):
+        return False, "HTTP 200 without a completion"
+    return True, "answered"
+
+
+def watchdog_due(failures, limit, proven, running_for, grace):
+    """Whether the failed probes call for a restart of the gang: `limit` in a row, counted only once the server has
+    answered since its start or has had `grace` seconds to load."""
+    return failures >= limit and (proven or running_for >= grace)
+
+
+def hold_active(text, now):
+    """Whether a hold file's content (the epoch second it ends) still holds at `now`."""
+    try:
+        return float((text or "").strip() or 0) > now
+    except ValueError:
+        return False
+
+
+# --- the host firewall, before any container ------------------------------------------------------------------------
+
+CHAIN = "GPULAB-INPUT"
+JUMP = '-A INPUT -m comment --comment "gpulab: default deny" -j ' + CHAIN
+
+
+def firewall_in_place(listing, wanted):
+    """Whether an ``iptables -S`` listing holds the chain exactly as wanted and its jump first in INPUT."""
+    lines = (listing or "").splitlines()
+    first = next((line for line in lines if line.startswith("-A INPUT ")), None)
+    chain = [line for line in lines if line.startswith("-A %s " % CHAIN)]
+    return ("-N %s" % CHAIN) in lines and first == JUMP and chain == list(wanted)
+
+
+def firewall_restore_text(wanted, listing):
+    """iptables-restore --noflush input that writes the chain whole (declaring it empties it), removes every jump into
+    it and puts one first in INPUT: the fabric role's own transaction, from whatever the host has now."""
+    lines = ["*filter", ":%s - [0:0]" % CHAIN]
+    lines += [line.replace("-A INPUT ", "-D INPUT ", 1) for line in (listing or "").splitlines()
+              if line.startswith("-A INPUT ") and line.endswith("-j " + CHAIN)]
+    lines += list(wanted)
+    lines += [JUMP.replace("-A INPUT ", "-I INPUT 1 ", 1), "COMMIT", ""]
+    return "\n".join(lines)
+
+
+# Host commands run on the host's own files (its iptables and libraries, the host's root mounted read-only at /host),
+# in this container's network namespace, which is the host's (network mode host).
+HOST = ["chroot", "/host"]
+
+
+# --- Docker, over its socket ----------------------------------------------------------------------------------------
+
+class UnixHTTPConnection(http_client.HTTPConnection):
+    def __init__(self, path, timeout):
+        http_client.HTTPConnection.__init__(self, "localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.path)
+
+
+class Docker(object):
+    def __init__(self, path, timeout=60.0):
+        self.path = path
+        self.timeout = timeout
+
+    def call(self, method, url, body=None, timeout=None):
+        conn = UnixHTTPConnection(self.path, timeout or self.timeout)
+        try:
+            payload = json.dumps(body).encode() if body is not None else None
+            conn.request(method, url, body=payload, headers={"Content-Type": "application/json"} if payload else {})
+            answer = conn.getresponse()
+            return answer.status, answer.read()
+        finally:
+            conn.close()
+
+    def inspect(self, name):
+        status, data = self.call("GET", "/containers/%s/json" % name)
+        if status == 404:
+            return None
+        if status != 200:
+            raise RuntimeError("docker inspect %s: %s %s" % (name, status, data[:200]))
+        return json.loads(data)
+
+    def start(self, name):
+        status, data = self.call("POST", "/containers/%s/start" % name)
+        if status not in (204, 304):
+            raise RuntimeError("docker start %s: %s %s" % (name, status, data[:300].decode(errors="replace")))
+
+    def stop(self, name, grace=30):
+        status, data = self.call("POST", "/containers/%s/stop?t=%d" % (name, grace), timeout=grace + 30)
+        if status not in (204, 304, 404):
+            raise RuntimeError("docker stop %s: %s %s" % (name, status, data[:300].decode(errors="replace")))
+
+    def restart(self, name, grace=10):
+        status, data = self.call("POST", "/containers/%s/restart?t=%d" % (name, grace), timeout=grace + 30)
+        if status != 204:
+            raise RuntimeError("docker restart %s: %s %s" % (name, status, data[:300].decode(errors="replace")))
+
+    def exec_output(self, name, argv, timeout):
+        """stdout of a command run in a container (docker exec), and its exit code."""
+        status, data = self.call("POST", "/containers/%s/exec" % name,
+                                 {"Cmd": argv, "AttachStdout": True, "AttachStderr": True})
+        if status != 201:
+            raise RuntimeError("docker exec in %s: %s %s" % (name, status, data[:200]))
+        exec_id = json.loads(data)["Id"]
+        status, data = self.call("POST", "/exec/%s/start" % exec_id, {"Detach": False, "Tty": False}, timeout=timeout)
+        out = []
+        offset = 0
+        while offset + 8 <= len(data):  # the multiplexed stream: 8-byte headers, stream 1 is stdout
+            kind, size = data[offset], struct.unpack(">I", data[offset + 4:offset + 8])[0]
+            if kind == 1:
+                out.append(data[offset + 8:offset + 8 + size])
+            offset += 8 + size
+        status, info = self.call("GET", "/exec/%s/json" % exec_id)
+        code = json.loads(info).get("ExitCode") if status == 200 else None
+        return b"".join(out).decode(errors="replace"), code
+
+
+def tcp_open(host, port, timeout=2.0):
+    try:
+        sock = socket.create_connection((host, int(port)), timeout=timeout)
+    except (OSError, socket.error):
+        return False
+    sock.close()
+    return True
+
+
+# --- the loop -------------------------------------------------------------------------------------------------------
+
+class Supervisor(object):
+    def __init__(self, config, folder):
+        self.config = config
+        self.folder = folder
+        self.docker = Docker(config["docker_socket"])
+        self.state_path = os.path.join(folder, "state.json")
+        self.state = self._load_state()
+        self.state.update({"node": config["node"], "role": config["role"], "pid_started": time.time()})
+        self.started_with = None
+        self.last_said = {}
+        self.starts = {}
+        self.probe_failures = 0
+        self.proven = False
+        self.last_probe = 0.0
+        self.last_member_check = 0.0
+        # The alive node IDs last read while the server was down, and since when: the gate's settling.
+        self.whole = (None, 0.0)
+        with open(os.path.join(folder, "gcs_reader.py")) as handle:
+            self.reader = handle.read()
+
+    def _load_state(self):
+        try:
+            with open(self.state_path) as handle:
+                state = json.load(handle)
+        except (OSError, IOError, ValueError):
+            state = {}
+        state.setdefault("restarts", {})
+        state.setdefault("events", [])
+        return state
+
+    def save(self):
+        temporary = self.state_path + ".new"
+        with open(temporary, "w") as handle:
+            json.dump(self.state, handle, indent=1, sort_keys=True)
+        os.rename(temporary, self.state_path)
+
+    def say(self, text, key=None, every=60.0):
+        """A log line; with a key, the same line at most once per `every` seconds."""
+        now = time.time()
+        if key is not None:
+            last = self.last_said.get(key)
+            if last is not None and last[0] == text and now - last[1] < every:
+                return
+            self.last_said[key] = (text, now)
+        sys.stdout.write("%s gpulab-supervisor %s: %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), self.config["node"], text))
+        sys.stdout.flush()
+
+    def record(self, action, container, reason):
+        event = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "action": action, "container": container,
+                 "reason": reason}
+        self.state["events"] = (self.state["events"] + [event])[-EVENTS_KEPT:]
+        if action in ("start", "restart"):
+            self.state["restarts"][container] = self.state["restarts"].get(container, 0) + 1
+        self.state["last_event"] = event
+        self.say("%s %s: %s" % (action, container, reason))
+        self.save()
+
+    def held(self):
+        try:
+            with open(os.path.join(self.folder, "hold")) as handle:
+                return hold_active(handle.read(), time.time())
+        except (OSError, IOError):
+            return False
+
+    def read_cluster(self, container, wait_for=None):
+        """The reader's document, read in `container` (with `wait_for`, it keeps reading until the gate's
+        expectations hold or that many seconds pass); None when the container cannot run it."""
+        argv = ["python3", "-c", self.reader, self.config["gcs_address"], "5"]
+        if wait_for:
+            until = dict(self.config["expect"], interval=2, **{"for": wait_for})
+            argv.append(json.dumps(until))
+        try:
+            out, _code = self.docker.exec_output(container, argv, timeout=(wait_for or 0) + 60)
+            return json.loads(out.strip().splitlines()[-1])
+        except (RuntimeError, ValueError, IndexError, OSError, socket.error) as exc:
+            self.say("could not read the cluster in %s: %s" % (container, exc), key="read")
+            return None
+
+    def probe(self):
+        """One real generation from the server, with the key from its root-only file; (ok, reason, seconds)."""
+        dog = self.config["watchdog"]
+        key = ""
+        if dog.get("key_file"):
+            with open(dog["key_file"]) as handle:
+                key = handle.read().strip()
+        body = json.dumps({"model": dog["model"], "prompt": dog.get("prompt", "Hello"), "max_tokens": 4}).encode()
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = "Bearer " + key
+        host, port = dog["host"], dog["port"]
+        started = time.time()
+        status = answer = error = None
+        conn = http_client.HTTPConnection(host, port, timeout=dog["timeout"])
+        try:
+            conn.request("POST", "/v1/completions", body=body, headers=headers)
+            response = conn.getresponse()
+            status, answer = response.status, response.read().decode(errors="replace")
+        except Exception as exc:  # pylint: disable=broad-except
+            error = "%s: %s" % (type(exc).__name__, exc)
+        finally:
+            conn.close()
+        ok, reason = judge_generation(status, answer, error)
+        return ok, reason, round(time.time() - started, 2)
+
+    def watch_generation(self, server_raw):
+        """The watchdog: every so often a real generation; after `failures` in a row, the gang again, in order."""
+        dog = self.config.get("watchdog") or {}
+        if not dog.get("enabled") or time.time() - self.last_probe < dog["interval"]:
+            return
+        self.last_probe = time.time()
+        ok, reason, seconds = self.probe()
+        running_for = time.time() - self.started_at(server_raw)
+        if ok:
+            self.probe_failures = 0
+            self.proven = True
+        else:
+            self.probe_failures += 1
+        verdict = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ok": ok, "reason": reason,
+                   "seconds": seconds, "failures_in_a_row": self.probe_failures}
+        if self.state.get("watchdog", {}).get("ok") != ok or not ok:
+            self.say("watchdog: %s (%ss)%s" % (reason, seconds, "" if ok else ", %d in a row" % self.probe_failures))
+        self.state["watchdog"] = verdict
+        self.save()
+        if not ok and watchdog_due(self.probe_failures, dog["failures"], self.proven, running_for, dog["grace"]):
+            self.record("stop", self.config["server_container"],
+                        "watchdog: %d generations failed in a row (last: %s)" % (self.probe_failures, reason))
+            self.docker.stop(self.config["server_container"], grace=self.config.get("stop_grace", 30))
+            # The whole gang again: a new head makes every worker's supervisor restart its Ray, then the gate.
+            self.started_with = None
+            self.reset_watchdog()
+            if not self.ensure_firewall():
+                return
+            self.record("restart", self.config["ray_container"], "watchdog: the gang restarts in order")
+            self.docker.restart(self.config["ray_container"])
+
+    def reset_watchdog(self):
+        self.probe_failures = 0
+        self.proven = False
+        self.last_probe = time.time()
+
+    def ensure_firewall(self):
+        """The deploy's host firewall, restored if it is not in place (a reboot or a firewall reload clears it),
+        before any container starts: True when it is in place or none is kept; False when it could not be restored."""
+        for family, tool in ((4, "iptables"), (6, "ip6tables")):
+            wanted = (self.config.get("firewall") or {}).get("v%d" % family) or []
+            if not wanted:
+                continue
+            try:
+                listing = subprocess.run(HOST + [tool, "-w", "-S"], capture_output=True, text=True, check=True,
+                                         timeout=60).stdout
+                if firewall_in_place(listing, wanted):
+                    continue
+                subprocess.run(HOST + [tool + "-restore", "--noflush", "--wait"], input=firewall_restore_text(wanted, listing),
+                               capture_output=True, text=True, check=True, timeout=60)
+            except (OSError, subprocess.SubprocessError) as exc:
+                detail = getattr(exc, "stderr", "") or str(exc)
+                self.phase("waiting", "the host firewall (%s) could not be restored, so nothing starts: %s"
+                           % (tool, " ".join(str(detail).split())[:300]))
+                return False
+            self.record("restore", "firewall (IPv%d)" % family,
+                        "the %s chain and its jump were not in place (a reboot or a firewall reload); restored "
+                        "before any container starts" % CHAIN)
+        return True
+
+    def phase(self, name, detail=""):
+        if self.state.get("phase") != name or self.state.get("phase_detail") != detail:
+            self.state["phase"] = name
+            self.state["phase_detail"] = detail
+            self.state["phase_since"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            self.say("%s%s" % (name, ": " + detail if detail else ""))
+            self.save()
+
+    def step_head(self):
+        cfg = self.config
+        names = {"head": cfg["ray_container"], "server": cfg.get("server_container")}
+        head = container_state(self.docker.inspect(names["head"]))
+        server = container_state(self.docker.inspect(names["server"])) if cfg.get("serve") else None
+        document = None
+        if head is not None and head["running"] and cfg.get("serve") and server is not None:
+            # Waiting in the reader (one process for the whole wait) while the server is down and the gate unmet.
+            wait_for = cfg["gate_wait"] if not server["running"] else None
+            document = self.read_cluster(names["head"], wait_for)
+        silent = []
+        if server is not None and not server["running"] and document is not None and not document.get("error"):
+            silent = [address for address in raylets(document) if not tcp_open(*address.rsplit(":", 1), timeout=2.0)]
+        settled = True
+        if server is None or server["running"]:
+            self.whole = (None, 0.0)  # the settling counts from the server's stop, never from an earlier one
+        else:
+            nodes = frozenset(members(document).values()) if document and not document.get("error") else None
+            if nodes != self.whole[0]:
+                self.whole = (nodes, time.time())
+            settled = nodes is not None and time.time() - self.whole[1] >= cfg.get("gate_settle", 10)
+        actions, gang = decide_head(head, server, cfg.get("serve"), document, cfg["expect"], self.started_with, silent,
+                                    settled)
+        self.started_with = gang
+        for action, kind, reason in actions:
+            name = names.get(kind)
+            if action == "wait":
+                self.phase("waiting", reason)
+            elif action == "adopt":
+                self.phase("serving", "%s %s" % (name, reason))
+                self.reset_watchdog()
+                self.proven = True  # found serving on a whole cluster: the deploy proved it
+            elif action == "stop":
+                self.record("stop", name, reason)
+                self.docker.stop(name, grace=cfg.get("stop_grace", 30))
+            elif action == "start":
+                if not self.ensure_firewall() or not self.may_start(name):
+                    self.started_with = None
+                    return
+                self.record("start", name, reason)
+                self.docker.start(name)
+                self.phase("serving" if kind == "server" else "forming",
+                           "%s started" % name if kind == "server" else "the Ray head started; waiting for the gate")
+        if any(action == "start" and kind == "server" for action, kind, _reason in actions):
+            self.reset_watchdog()
+        if not actions and head is not None and head["running"]:
+            self.phase("serving" if cfg.get("serve") else "ray", "the gang is whole")
+            if cfg.get("serve") and self.started_with is not None:
+                self.watch_generation(self.docker.inspect(names["server"]))
+
+    def step_worker(self):
+        cfg = self.config
+        name = cfg["ray_container"]
+        raw = self.docker.inspect(name)
+        worker = container_state(raw)
+        head_host, head_port = cfg["gcs_address"].rsplit(":", 1)
+        reachable = tcp_open(head_host, int(head_port))
+        running_for = None
+        document = None
+        if worker is not None and worker["running"]:
+            running_for = time.time() - self.started_at(raw)
+            # Whether the head's cluster lists this node: a read every MEMBER_EVERY seconds is enough.
+            if running_for >= cfg["member_grace"] and time.time() - self.last_member_check >= MEMBER_EVERY:
+                self.last_member_check = time.time()
+                document = self.read_cluster(name)
+        for action, kind, reason in decide_worker(worker, reachable, document, cfg["fabric_ip"], running_for,
+                                                  cfg["member_grace"]):
+            if action == "wait":
+                self.phase("waiting", reason)
+            elif action == "start":
+                if not self.ensure_firewall() or not self.may_start(name):
+                    return
+                self.record("start", name, reason)
+                self.docker.start(name)
+                self.phase("joining", "%s started" % name)
+            elif action == "restart":
+                if not self.ensure_firewall() or not self.may_start(name):
+                    return
+                self.record("restart", name, reason)
+                self.docker.restart(name)
+                self.phase("joining", "%s restarted" % name)
+        if worker is not None and worker["running"] and running_for is not None and running_for >= cfg["member_grace"]:
+            self.phase("member", "running in the head's cluster")
+
+    @staticmethod
+    def started_at(raw):
+        text = ((raw or {}).get("State") or {}).get("StartedAt") or ""
+        try:
+            return calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S"))
+        except ValueError:
+            return time.time()
+
+    def may_start(self, name):
+        """False (and a line saying when) while a container this supervisor started lately waits out its backoff."""
+        left = backoff_left(self.starts.get(name, []), time.time(), self.config["interval"], self.config["backoff_cap"])
+        if left > 0:
+            self.phase("backing off", "%s was started %d time(s) in the last %ds; next try in %ds"
+                       % (name, len(self.starts.get(name, [])), BACKOFF_WINDOW, left))
+            return False
+        self.starts[name] = [t for t in self.starts.get(name, []) if time.time() - t < BACKOFF_WINDOW] + [time.time()]
+        return True
+
+    def run(self):
+        self.say("watching %s as the %s (every %ss)"
+                 % (self.config["ray_container"], self.config["role"], self.config["interval"]))
+        while True:
+            try:
+                if self.held():
+                    self.started_with = None
+                    self.phase("held", "a deploy is changing this node")
+                elif self.config["role"] == "head":
+                    self.step_head()
+                else:
+                    self.step_worker()
+            except Exception as exc:  # pylint: disable=broad-except
+                self.say("step failed: %s" % exc, key="step")
+            time.sleep(self.config["interval"])
+
+
+def main(argv):
+    path = argv[1] if len(argv) > 1 else "/supervisor/config.json"
+    with open(path) as handle:
+        config = json.load(handle)
+    Supervisor(config, os.path.dirname(os.path.abspath(path))).run()
+
+
+if __name__ == "__main__":
+    main(sys.argv)
