@@ -14,6 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 SPEC = importlib.util.spec_from_file_location("gpulab_supervisor", REPO / "roles" / "supervisor" / "files" / "gpulab_supervisor.py")
 supervisor = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(supervisor)
+# As on a node: the gate's rule from the collection's GCS reader, the file the role copies beside the program.
+supervisor.load_reader((REPO / "plugins" / "module_utils" / "_gcs_reader.py").read_text())
 
 
 def container(state: str) -> dict:
@@ -48,8 +50,9 @@ def test_a_stopped_container_says_when():
 
 def test_the_gate_is_the_nodes_addresses_and_gpus_the_deploy_saw():
     assert supervisor.shortfalls(read("ray_3node_alive"), THREE) == []
-    assert supervisor.shortfalls(read("ray_3node_one_dead"), THREE) == ["missing node(s) 10.220.0.13", "2 of 3 node(s) alive",
-                                                                        "GPUs 2 of 3"]
+    assert supervisor.shortfalls(read("ray_3node_one_dead"), THREE) == ["missing node(s) 10.220.0.13",
+                                                                        "2 of 3 expected node(s) alive",
+                                                                        "GPUs 2 of 3 expected"]
     assert supervisor.shortfalls(read("ray_3node_rejoined"), THREE) == []
     unread = supervisor.shortfalls(read("ray_gcs_unreachable"), THREE)
     assert len(unread) == 1 and "UNAVAILABLE" in unread[0]
@@ -76,7 +79,7 @@ def test_a_stopped_head_is_started_first_and_a_server_on_it_stopped():
 
 def test_the_server_starts_only_once_the_gate_passes():
     waiting, gang = supervisor.decide_head(container("running"), container("killed"), True, read("ray_3node_one_dead"), THREE, None)
-    assert waiting == [("wait", "gate", "missing node(s) 10.220.0.13; 2 of 3 node(s) alive; GPUs 2 of 3")] and gang is None
+    assert waiting == [("wait", "gate", "missing node(s) 10.220.0.13; 2 of 3 expected node(s) alive; GPUs 2 of 3 expected")] and gang is None
     starting, gang = supervisor.decide_head(container("running"), container("killed"), True, read("ray_3node_rejoined"), THREE, None)
     assert [a[:2] for a in starting] == [("start", "server")]
     assert "killed (exit 137)" in starting[0][2]

@@ -34,6 +34,7 @@ import struct
 import subprocess
 import sys
 import time
+import types
 
 try:
     import http.client as http_client
@@ -96,9 +97,18 @@ def alive(document):
     return [node for node in (document or {}).get("nodes") or [] if node.get("state") == "ALIVE"]
 
 
+# The collection's GCS reader (gcs_reader.py beside this program, the gate's own): its shortfalls() is the one rule
+# of a ready cluster. load_reader() fills it in.
+READER = types.ModuleType("gcs_reader")
+
+
+def load_reader(source):
+    exec(compile(source, "gcs_reader.py", "exec"), READER.__dict__)  # pylint: disable=exec-used
+
+
 def shortfalls(document, expect, silent=()):
-    """What keeps the cluster from being whole, as phrases (the reader's own rule, restated without its pending
-    launches, which a cluster of ``ray start`` nodes never has); ["..."] when the GCS could not be read.
+    """What keeps the cluster from being whole, as phrases: the gate's rule (the reader's), and what only a cluster
+    that was whole before can show; ["..."] when the GCS could not be read.
 
     silent: "ip:port" of alive nodes whose raylet did not answer a TCP connect: gone, though the GCS has not
     declared them dead yet (it takes its health checks' time), so the cluster is not whole."""
@@ -107,7 +117,6 @@ def shortfalls(document, expect, silent=()):
     if document.get("error"):
         return [document["error"].get("message") or "the GCS could not be read"]
     nodes = alive(document)
-    ips = set(node["node_ip"] for node in nodes)
     phrases = []
     # A worker whose Ray restarted is listed twice until the GCS declares its old node dead: not settled yet, and a
     # server started now could place a rank on the old one.
@@ -117,15 +126,8 @@ def shortfalls(document, expect, silent=()):
         phrases.append("node(s) %s listed twice (an old Ray node not yet declared dead)" % ", ".join(twice))
     if silent:
         phrases.append("raylet(s) at %s do not answer (gone; Ray has not declared them dead yet)" % ", ".join(silent))
-    missing = [ip for ip in expect.get("ips") or [] if ip not in ips]
-    if missing:
-        phrases.append("missing node(s) %s" % ", ".join(missing))
-    if expect.get("nodes") is not None and len(nodes) < expect["nodes"]:
-        phrases.append("%d of %d node(s) alive" % (len(nodes), expect["nodes"]))
-    gpus = sum(float(node.get("resources", {}).get("GPU", 0)) for node in nodes)
-    if expect.get("gpus") is not None and gpus < float(expect["gpus"]):
-        phrases.append("GPUs %g of %g" % (gpus, float(expect["gpus"])))
-    return phrases
+    # Nodes started with `ray start` have no launcher: nothing is ever pending.
+    return phrases + READER.shortfalls(nodes, 0, expect)
 
 
 def members(document):
@@ -391,6 +393,7 @@ class Supervisor(object):
         self.whole = (None, 0.0)
         with open(os.path.join(folder, "gcs_reader.py")) as handle:
             self.reader = handle.read()
+        load_reader(self.reader)
 
     def _load_state(self):
         try:
@@ -613,18 +616,12 @@ class Supervisor(object):
                                                   cfg["member_grace"]):
             if action == "wait":
                 self.phase("waiting", reason)
-            elif action == "start":
+            elif action in ("start", "restart"):
                 if not self.ensure_firewall() or not self.may_start(name):
                     return
-                self.record("start", name, reason)
-                self.docker.start(name)
-                self.phase("joining", "%s started" % name)
-            elif action == "restart":
-                if not self.ensure_firewall() or not self.may_start(name):
-                    return
-                self.record("restart", name, reason)
-                self.docker.restart(name)
-                self.phase("joining", "%s restarted" % name)
+                self.record(action, name, reason)
+                (self.docker.start if action == "start" else self.docker.restart)(name)
+                self.phase("joining", "%s %sed" % (name, action.rstrip("e")))
         if worker is not None and worker["running"] and running_for is not None and running_for >= cfg["member_grace"]:
             self.phase("member", "running in the head's cluster")
 
