@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = ROOT / ".venv" / "bin"
-SCENARIOS = ["default", "e2e", "e2e_seed", "node_lost", "heal", "reboot"]
+SCENARIOS = ["default", "e2e", "e2e_seed", "node_lost", "heal", "reboot", "upgrade"]
 # Built and pushed in the background while the stages that need no lab run (lab/labctl.py build): first the two
 # images most lab tests need, then the seed's (about 9 GB), which builds while the lab stage's first part runs; only
 # the tests marked `seed` and the molecule scenarios wait for it.

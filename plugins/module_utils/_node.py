@@ -14,6 +14,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import socket
 import stat
 from urllib.parse import quote, urlsplit
@@ -107,6 +108,10 @@ _SIGNALS = {130: "SIGINT", 134: "SIGABRT", 135: "SIGBUS", 137: "SIGKILL", 139: "
 # "Engine core initialization failed. See root cause above."): the cause is further up.
 _ERROR_MARKERS = ("Error", "error:", "Exception", "Traceback", "failed", "FATAL", "Killed")
 _POINTERS = ("root cause above", "stack trace (above)", "see above", "See the log above")
+# pydantic's error line, whose cause is on the lines after it, and the bookkeeping it ends each of them with.
+_VALIDATION_ERROR = re.compile(r"\d+ validation errors? for \w+$")
+_VALIDATION_DETAILS = 1
+_PYDANTIC_TAIL = re.compile(r"\s*\[type=[^\]]*\]\s*$")
 
 
 def cause_line(log_text, limit=300):
@@ -114,12 +119,19 @@ def cause_line(log_text, limit=300):
     is not a pointer to another line nor a traceback frame; trimmed to `limit`. None when there is none."""
     lines = [line.strip() for line in (log_text or "").splitlines() if line.strip()]
     fallback = None
-    for line in reversed(lines):
+    for index in range(len(lines) - 1, -1, -1):
+        line = lines[index]
         if not any(marker in line for marker in _ERROR_MARKERS) or line.startswith(("File ", "^", "Traceback")):
             continue
         if any(pointer in line for pointer in _POINTERS):
             fallback = fallback or line
             continue
+        # pydantic names the model on the error's line and the failed check on the lines below it (vLLM's config
+        # classes: "1 validation error for ModelConfig", then "Value error, User-specified max_model_len ...").
+        if _VALIDATION_ERROR.search(line):
+            details = [detail for detail in lines[index + 1:index + 1 + 2 * _VALIDATION_DETAILS]
+                       if not detail.startswith("For further information")][:_VALIDATION_DETAILS]
+            line = ": ".join([line] + [_PYDANTIC_TAIL.sub("", detail) for detail in details])
         return line if len(line) <= limit else line[:limit] + "..."
     if fallback is not None:
         return fallback if len(fallback) <= limit else fallback[:limit] + "..."

@@ -532,3 +532,13 @@ def test_controller_address_is_found_above_a_become_that_dropped_it():
                           env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, check=True)
     # Whatever started this test run is no SSH session of a controller here... unless it is: then its address.
     assert none.stdout.strip() in ("None", _node.controller_address())
+
+
+def test_a_validation_error_is_named_with_the_check_that_failed():
+    """pydantic puts the model on the error's line and the failed check below it: both make the cause."""
+    record = load_fixture("vllm", "vllm_bad_max_model_len")
+    line = _node.cause_line(record["log"])
+    assert line.startswith("pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig: "
+                           "Value error, User-specified max_model_len (100000) is greater than the derived max_model_len")
+    assert "errors.pydantic.dev" not in line
+    assert len(line) <= 303
