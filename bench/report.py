@@ -224,6 +224,44 @@ def weights_section(weights: dict) -> list[str]:
     return out
 
 
+def faults_section(found: dict) -> list[str]:
+    """The fault matrix: per fault class, seconds from the deploy's start to its stop (median, min-max), whether its
+    last line named the cause and the fix in every run, within the row's budget, before any model load, and nothing
+    started past the failing stage; then the line itself."""
+    if not found:
+        return []
+    out = ["", "## Time to a correct diagnosis (fault matrix)", "",
+           "| fault | stopped at | s to the stop (median, min-max) | named | within budget | before the load | nothing past | runs |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines, hands = [], []
+    for key, entry in found.items():
+        row = entry["row"]
+        hand = row.get("hand") or {}
+        if hand.get("ran"):
+            hs = hand.get("seconds") or {}
+            hands.append("| %s | %s s, %s | %s s, %s |" % (
+                row["title"], _fmt(s_median(row), 1), (row["said"] or "-").replace("|", "/")[:160],
+                _fmt(hs.get("median"), 1), ("" if hand.get("failed") else "did not stop: ") + (hand.get("said") or "-").replace("|", "/")[:160]))
+        else:
+            hands.append("| %s | %s s, %s | not run: %s |" % (
+                row["title"], _fmt(s_median(row), 1), (row["said"] or "-").replace("|", "/")[:160], hand.get("why_not") or "-"))
+        s = row.get("seconds") or {}
+        out.append("| %s | %s | %s (%s-%s) | %s | %s (%d s) | %s | %s | %d |" % (
+            row["title"], row["stage"], _fmt(s.get("median"), 1), _fmt(s.get("min"), 1), _fmt(s.get("max"), 1),
+            "yes" if row["named"] else "**no**", "yes" if row["within_budget"] else "**no**", row["budget_s"],
+            "yes" if row["before_load"] else "n/a (a fault of the load)", "yes" if row["nothing_past_stage"] else "**no**",
+            row["runs"]))
+        lines.append("- %s: %s" % (row["title"], (row["said"] or "(no error line)").replace("|", "/")[:400]))
+    out += ["", "What each run ended with (the last error line, or the repair it named):", ""] + lines
+    out += ["", "Beside the hand flow (Ray started by hand, `sleep 10` + `ray status`, then `vllm serve`, the same budget):", "",
+            "| fault | ours (s, message) | hand flow (s, message) |", "| --- | --- | --- |"] + hands
+    return out
+
+
+def s_median(row: dict):
+    return (row.get("seconds") or {}).get("median")
+
+
 def render(results: dict) -> str:
     out = ["# gpulab.vllm benchmarks", "", "Written by `make bench` (bench/run.py); method in docs/performance.md.", ""]
     out += machine_lines(results)
@@ -237,4 +275,5 @@ def render(results: dict) -> str:
         out += profile_section("Ray-only `deploy.yml`, %s nodes" % nodes, [r.get("playbook") for r in entry["rounds"]], limit=8)
     out += weights_section(results.get("weights") or {})
     out += variants_section(results.get("variants") or {})
+    out += faults_section(results.get("faults") or {})
     return "\n".join(out) + "\n"

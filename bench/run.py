@@ -2,7 +2,8 @@
 # GNU General Public License v3.0+ (see LICENSE or https://www.gnu.org/licenses/gpl-3.0.txt)
 """make bench: time to ready against the floor, gate reaction, no-op re-run, scale, facts latency, model copies.
 
-    bench/run.py [--runs 3] [--steps ready,noop,facts,scale,weights] [--scale 2,4,8] [--variants NAME,...]
+    bench/run.py [--runs 3] [--steps ready,noop,facts,scale,weights,faults] [--scale 2,4,8] [--variants NAME,...]
+                 [--faults KEY,...]
     bench/run.py --report        render bench/results/RESULTS.md again from results.json
 
 Runs on the lab (`make lab-up`, which `make bench` does first). Everything the playbooks run is a
@@ -30,12 +31,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
+import faults  # noqa: E402
+import handflow  # noqa: E402
+import pictures  # noqa: E402
 import report  # noqa: E402
 import timeline  # noqa: E402
 
 ROOT = benchlib.ROOT
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
+# The pictures are committed beside docs/performance.md.
+PICTURES = ROOT / "docs" / "images"
 LOGS = RESULTS / "logs"
 VENV_BIN = ROOT / ".venv" / "bin"
 # What the playbooks need from the collection; copied at the start, so the run measures one tree.
@@ -155,11 +161,12 @@ class Bench:
         })
         return env
 
-    def playbook(self, name: str, extra: dict | None = None, tree: Tree | None = None, what: str = "") -> dict:
+    def playbook(self, name: str, extra: dict | None = None, tree: Tree | None = None, what: str = "",
+                 inventory: Path | None = None) -> dict:
         tree = tree or self.tree
         label = self._label("%s-%s" % (what or Path(name).stem, tree.name))
         timeline_file = LOGS / (label + ".jsonl")
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(tree.inventory), str(tree.path / "playbooks" / name)]
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory or tree.inventory), str(tree.path / "playbooks" / name)]
         if extra:
             argv += ["-e", json.dumps(extra)]
         cpu = cpu_times()
@@ -428,6 +435,80 @@ class Bench:
                     size["raw_s"].append(round(self._raw_stream(nodes_list[0], nodes_list[1], NODE_DATA / names[0] / "bench-model"), 3))
                 self.save()
 
+    # ------------------------------------------------------------------ time to a correct diagnosis
+    def step_faults(self) -> None:
+        """Each fault class seeded on the lab, the deploy from nothing: seconds to the stop, the line it ended with,
+        whether that names the cause and the fix, and nothing started past the failing stage."""
+        self.lab_up(2, "ray vllm")
+        wanted = [faults.BY_KEY[key] for key in self.args.faults] if self.args.faults else faults.FAULTS
+        entry = self.results.setdefault("faults", {})
+        # The hand flow starts the containers a healthy deploy started, as a user would by hand.
+        warm = self.timed_deploy("deploy_qwen35.yml")
+        if warm["rc"] != 0:
+            raise RuntimeError("the deploy before the fault matrix failed; see %s.log" % (LOGS / warm["label"]))
+        self.results["faults_deploy"] = warm
+        spec = json.loads(self.record_spec("faults").read_text())
+        for fault in wanted:
+            runs, hands = [], []
+            for run_index in range(self.args.runs):
+                if fault.needs_serving:
+                    warm = self.timed_deploy("deploy_qwen35.yml")
+                    if warm["rc"] != 0:
+                        raise RuntimeError("the deploy before the fault %s failed; see %s.log" % (fault.key, LOGS / warm["label"]))
+                if fault.from_nothing:
+                    self.teardown()
+                seeded = fault.seed()
+                try:
+                    inventory = faults.inventory_with(seeded.hostvars, RESULTS / "inventory-fault") if seeded.hostvars else None
+                    if seeded.during is not None:
+                        seeded.during.start()
+                    result = self.playbook(fault.playbook, seeded.extra, what="fault-" + fault.key, inventory=inventory)
+                finally:
+                    if seeded.stop is not None:
+                        seeded.stop.set()
+                        seeded.during.join(30)
+                    containers = faults.containers_now()
+                    seeded.undo()
+                output = (LOGS / (result["label"] + ".log")).read_text()
+                verdict = faults.judge(fault, output, containers)
+                runs.append({"label": result["label"], "rc": result["rc"], "seconds": result["wall_s"], **verdict})
+                log("fault %s: %.1fs named=%s past=%s: %s" % (
+                    fault.key, result["wall_s"], verdict["named"], verdict["started_past_stage"], verdict["said"][:160]))
+                if not fault.hand_not:
+                    hands.append(self.hand_flow(fault, spec))
+            row = faults.summary_row(fault, runs)
+            row["hand"] = faults.summary_hand(fault, hands)
+            entry[fault.key] = {"row": row, "runs": runs, "hand": hands}
+            self.save()
+        self.teardown()
+
+    def hand_flow(self, fault: faults.Fault, spec: dict) -> dict:
+        """The same fault under the hand flow, from nothing running (or, for a fault of a running server, on the
+        cluster a deploy left), with the row's budget."""
+        if fault.needs_serving:
+            warm = self.timed_deploy("deploy_qwen35.yml")
+            if warm["rc"] != 0:
+                raise RuntimeError("the deploy before the hand flow of %s failed" % fault.key)
+        if fault.from_nothing:
+            self.teardown()
+        seeded = fault.seed()
+        try:
+            if seeded.during is not None:
+                seeded.during.start()
+            change = (lambda specs: fault.hand_change(specs, seeded)) if fault.hand_change else None
+            outcome = handflow.run(spec, change, fault.budget_s, serving_check=fault.hand_serving_check)
+        finally:
+            if seeded.stop is not None:
+                seeded.stop.set()
+                seeded.during.join(30)
+            seeded.undo()
+        log("hand %s: %ss failed=%s: %s" % (fault.key, outcome["seconds"], outcome["failed"], outcome["said"][:160]))
+        self.teardown()
+        return outcome
+
+    def pictures(self) -> None:
+        draw_pictures(self.results)
+
     def finish(self) -> None:
         """Leave the lab as the benchmark found it by default: two nodes, both images, nothing running."""
         self.lab_up(2, "ray vllm")
@@ -435,24 +516,69 @@ class Bench:
         self.results["finished"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         self.results["machine"]["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
         self.save()
+        self.pictures()
 
 
-STEPS = ("ready", "noop", "facts", "scale", "weights", "variants")
+def rejudge(results: dict) -> None:
+    """The fault rows judged again from their runs' logs with today's patterns (bench/faults.py), the containers found
+    after each run as recorded."""
+    for key, entry in (results.get("faults") or {}).items():
+        fault = faults.BY_KEY[key]
+        for run in entry["runs"]:
+            path = LOGS / (run["label"] + ".log")
+            if path.exists():
+                verdict = faults.judge(fault, path.read_text(), run["started_past_stage"])
+                run.update({name: verdict[name] for name in ("said", "named", "named_at", "errors")})
+        hand = entry["row"].get("hand")
+        entry["row"] = faults.summary_row(fault, entry["runs"])
+        entry["row"]["hand"] = hand
+
+
+def draw_pictures(results: dict) -> list[Path]:
+    """The deploy's timeline (the median run from nothing of the ready step) and the fault matrix, as SVG."""
+    PICTURES.mkdir(parents=True, exist_ok=True)
+    written = []
+    runs = [r["playbook"] for r in (results.get("ready") or {}).get("rounds", []) if r.get("playbook", {}).get("rc") == 0]
+    # Without the ready step, the deploy the fault matrix started from.
+    runs = runs or [r for r in [results.get("faults_deploy")] if r and r.get("rc") == 0]
+    runs = [r for r in runs if (LOGS / (r["label"] + ".jsonl")).exists()]
+    if runs:
+        middle = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
+        parsed = timeline.read(LOGS / (middle["label"] + ".jsonl"))
+        title = "deploy_qwen35.yml from nothing on the 2-node lab: %.1f s (the median of %d run(s))" % (middle["wall_s"], len(runs))
+        written.append(PICTURES / "deploy-timeline.svg")
+        written[-1].write_text(pictures.timeline_svg(parsed, title))
+    rows = [entry["row"] for entry in (results.get("faults") or {}).values()]
+    if rows:
+        written.append(PICTURES / "fault-matrix.svg")
+        written[-1].write_text(pictures.faults_svg(rows, "Time to a correct diagnosis, per fault class, on the 2-node lab"))
+    return written
+
+
+STEPS = ("ready", "noop", "facts", "scale", "weights", "variants", "faults")
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each kind (3 or more)")
-    parser.add_argument("--steps", default="ready,noop,facts,scale,weights", help="comma-separated, from %s" % ", ".join(STEPS))
+    parser.add_argument("--steps", default="ready,noop,facts,scale,weights,faults", help="comma-separated, from %s" % ", ".join(STEPS))
     parser.add_argument("--scale", default="2,4,8", help="lab sizes for the Ray-only deploy")
     parser.add_argument("--variants", default="", help="patches under bench/patches/ (NAME) or commits (rev:COMMIT) to measure beside the snapshot")
+    parser.add_argument("--faults", default="", help="fault rows to run (keys of bench/faults.py), all when empty")
     parser.add_argument("--report", action="store_true", help="only render RESULTS.md from results.json")
     args = parser.parse_args(argv)
     if args.report:
-        (RESULTS / "RESULTS.md").write_text(report.render(json.loads((RESULTS / "results.json").read_text())))
+        results = json.loads((RESULTS / "results.json").read_text())
+        rejudge(results)
+        (RESULTS / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+        (RESULTS / "RESULTS.md").write_text(report.render(results))
+        draw_pictures(results)
         return 0
     args.scale = [int(n) for n in args.scale.split(",") if n]
     args.variants = [v for v in args.variants.split(",") if v]
+    args.faults = [f for f in args.faults.split(",") if f]
+    if [f for f in args.faults if f not in faults.BY_KEY]:
+        parser.error("unknown fault(s) %s; choose from %s" % ([f for f in args.faults if f not in faults.BY_KEY], ", ".join(faults.BY_KEY)))
     steps = [s for s in args.steps.split(",") if s]
     if args.variants and "variants" not in steps:
         steps.append("variants")

@@ -12,6 +12,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
@@ -19,6 +20,8 @@ BENCH = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(BENCH))
 
 import benchlib  # noqa: E402
+import faults  # noqa: E402
+import pictures  # noqa: E402
 import floor  # noqa: E402
 import report  # noqa: E402
 import timeline  # noqa: E402
@@ -168,3 +171,64 @@ def test_summary_and_report_render():
     assert "| gate | 2.0 | 2% |" in text
     assert "identical" in text
     assert "| snapshot | 90.00 (90.00-90.00) | 1.50 (1.50-1.50) | 8.00 (8.00-8.00) | 0 |" in text
+
+
+def test_every_fault_row_names_a_test_that_exists():
+    """Each row of the fault matrix is asserted in CI, by the test it names (tests/integration/test_faults.py or another)."""
+    root = BENCH.parent
+    rows = [fault.key for fault in faults.FAULTS]
+    assert len(rows) == len(set(rows)) == 12
+    for fault in faults.FAULTS:
+        path, unused_separator, name = fault.test.partition("::")
+        assert (root / path).exists(), fault.key
+        function = name.split("[", 1)[0]
+        assert function and "def %s(" % function in (root / path).read_text(), (fault.key, fault.test)
+        parameter = name.partition("[")[2].rstrip("]")
+        if path.endswith("test_faults.py"):
+            assert parameter == fault.key
+        assert fault.stage in faults.STAGES
+
+
+def _fault_records() -> list[dict]:
+    return [json.loads(path.read_text()) for path in sorted((FIXTURES / "faults").glob("*.json"))]
+
+
+@pytest.mark.parametrize("record", _fault_records(), ids=lambda record: record["key"])
+def test_the_verdict_on_a_recorded_fault_run(record):
+    """Each row's patterns read a real run's output as the benchmark read it (bench/tests/record_fault_fixtures.py)."""
+    verdict = faults.judge(faults.BY_KEY[record["key"]], record["output"], [])
+    assert verdict["said"] == record["said"]
+    assert verdict["named"] == record["named"]
+
+
+def test_the_deploy_timeline_picture_shows_each_nodes_stages_in_order():
+    parsed = timeline.read(FIXTURES / "deploy_timeline.jsonl")
+    spans = pictures.stage_spans(parsed)
+    assert sorted(spans) == ["node1", "node2"]
+    # Each stage's preflight runs in the first play: the order is where each stage last ran.
+    order = [stage for stage, unused_start, unused_end in spans["node1"]]
+    last = {stage: index for index, stage in enumerate(order)}
+    for earlier, later in (("fabric", "ray_cluster"), ("ray_cluster", "gate"), ("gate", "vllm_server")):
+        assert last[earlier] < last[later], order
+    # The collective check runs from the head alone.
+    assert "collective" in order
+    assert "collective" not in [stage for stage, unused_start, unused_end in spans["node2"]]
+    svg = pictures.timeline_svg(parsed, "a deploy & its stages")
+    root = ElementTree.fromstring(svg)
+    rects = root.findall("{http://www.w3.org/2000/svg}rect")
+    # One background, one bar per span, one legend square per stage that ran.
+    stages = {stage for mine in spans.values() for stage, unused_start, unused_end in mine}
+    assert len(rects) == 1 + sum(len(mine) for mine in spans.values()) + len(stages)
+
+
+def test_the_fault_matrix_picture_and_table_have_one_row_per_fault():
+    records = _fault_records()
+    rows = [{"key": r["key"], "title": faults.BY_KEY[r["key"]].title, "stage": faults.BY_KEY[r["key"]].stage,
+             "seconds": {"median": 10.0, "min": 9.0, "max": 11.0, "n": 1}, "named": r["named"], "within_budget": True,
+             "nothing_past_stage": True, "budget_s": faults.BY_KEY[r["key"]].budget_s, "said": r["said"], "runs": 1,
+             "before_load": True, "hand": {"ran": False, "why_not": "not run"}} for r in records]
+    root = ElementTree.fromstring(pictures.faults_svg(rows, "faults"))
+    bars = [rect for rect in root.findall("{http://www.w3.org/2000/svg}rect") if rect.find("{http://www.w3.org/2000/svg}title") is not None]
+    assert len(bars) == len(rows)
+    table = report.faults_section({row["key"]: {"row": row} for row in rows})
+    assert sum(1 for line in table if line.startswith("| %s |" % rows[0]["title"])) == 2

@@ -10,7 +10,7 @@ A container that stopped says why (OOM, a signal, an exit code, the last error l
 from __future__ import annotations
 
 from ansible_collections.gpulab.vllm.plugins.filter.firewall import firewall_drift
-from ansible_collections.gpulab.vllm.plugins.module_utils._node import stop_reason
+from ansible_collections.gpulab.vllm.plugins.module_utils._node import cause_line, stop_reason
 
 
 def _addresses(node: dict) -> list:
@@ -153,7 +153,7 @@ def cluster_status(reads: dict, head: str, ray: dict | None, vllm: dict | None, 
 
 class FilterModule:
     def filters(self):
-        return {"cluster_status": cluster_status, "first_failure": first_failure, "redact": redact}
+        return {"cluster_status": cluster_status, "first_failure": first_failure, "redact": redact, "cause_line": cause_line}
 
 
 # The deploy's stages in order, and what in a status says each one failed.

@@ -108,6 +108,8 @@ _SIGNALS = {130: "SIGINT", 134: "SIGABRT", 135: "SIGBUS", 137: "SIGKILL", 139: "
 # "Engine core initialization failed. See root cause above."): the cause is further up.
 _ERROR_MARKERS = ("Error", "error:", "Exception", "Traceback", "failed", "FATAL", "Killed")
 _POINTERS = ("root cause above", "stack trace (above)", "see above", "See the log above")
+# A log line at warning level (vLLM's, Ray's and Python's logging formats).
+_WARNING = re.compile(r"(^|\s|\]\s?)(WARNING|WARN)(\s|:|\])")
 # pydantic's error line, whose cause is on the lines after it, and the bookkeeping it ends each of them with.
 _VALIDATION_ERROR = re.compile(r"\d+ validation errors? for \w+$")
 _VALIDATION_DETAILS = 1
@@ -123,7 +125,9 @@ def cause_line(log_text, limit=300):
         line = lines[index]
         if not any(marker in line for marker in _ERROR_MARKERS) or line.startswith(("File ", "^", "Traceback")):
             continue
-        if any(pointer in line for pointer in _POINTERS):
+        # A warning that happens to say "failed" (vLLM's "failed to automatically increase" the fd limit) is not why
+        # a process ended: only when nothing else reads like an error.
+        if any(pointer in line for pointer in _POINTERS) or _WARNING.search(line):
             fallback = fallback or line
             continue
         # pydantic names the model on the error's line and the failed check on the lines below it (vLLM's config
@@ -477,25 +481,37 @@ def add_link_speeds(network, sysfs="/sys"):
     return network
 
 
-def describe_file(path, sha1=None):
+def _file_sha1(path):
+    digest = hashlib.sha1()
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(65536), b""):
+                digest.update(block)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+def describe_file(path, sha1=None, digest=False):
+    """Whether a file or folder exists, its kind, mode and owner; whether its content has the given SHA-1 (a secret's
+    file: the digest itself is never returned); with `digest`, for a file that holds no secret, its SHA-1."""
     try:
         info = os.stat(path)
     except OSError:
-        return {"exists": False, "isdir": False, "mode": None, "uid": None, "gid": None, "matches": False if sha1 else None}
+        described = {"exists": False, "isdir": False, "mode": None, "uid": None, "gid": None, "matches": False if sha1 else None}
+        if digest:
+            described["sha1"] = None
+        return described
+    regular = stat.S_ISREG(info.st_mode)
     matches = None
     if sha1:
-        matches = False
-        if stat.S_ISREG(info.st_mode):
-            digest = hashlib.sha1()
-            try:
-                with open(path, "rb") as handle:
-                    for block in iter(lambda: handle.read(65536), b""):
-                        digest.update(block)
-            except OSError:
-                digest = None
-            matches = digest is not None and digest.hexdigest() == sha1.lower()
-    return {"exists": True, "isdir": stat.S_ISDIR(info.st_mode), "mode": "%04o" % stat.S_IMODE(info.st_mode),
-            "uid": info.st_uid, "gid": info.st_gid, "matches": matches}
+        found = _file_sha1(path) if regular else None
+        matches = found is not None and found == sha1.lower()
+    described = {"exists": True, "isdir": stat.S_ISDIR(info.st_mode), "mode": "%04o" % stat.S_IMODE(info.st_mode),
+                 "uid": info.st_uid, "gid": info.st_gid, "matches": matches}
+    if digest:
+        described["sha1"] = _file_sha1(path) if regular else None
+    return described
 
 
 def _read_text(path):

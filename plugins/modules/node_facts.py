@@ -122,6 +122,12 @@ options:
           - The SHA-1 the file's content should have; the C(matches) field of the file in RV(ansible_facts.gpulab_node.files)
             tells whether it has. Never logged.
         type: str
+      digest:
+        description:
+          - Return the file's SHA-1 as C(sha1) (null for a folder or a file that is absent), so that a role can tell
+            whether the file already holds what it would write. Only for files that hold no secret.
+        type: bool
+        default: false
   stopped_log_lines:
     description:
       - For each container read that exists and is not running, read the last this many lines of its log and report
@@ -258,7 +264,9 @@ ansible_facts:
           type: str
           sample: 10.210.0.1
         files:
-          description: By path of O(files), C(exists), C(isdir), C(mode) (octal string), C(uid), C(gid) and C(matches) (null without O(files[].sha1)).
+          description:
+            - By path of O(files), C(exists), C(isdir), C(mode) (octal string), C(uid), C(gid) and C(matches) (null without
+              O(files[].sha1)); with O(files[].digest), C(sha1).
           type: dict
           sample: {"/etc/gpulab-ray/ray_token": {"exists": true, "isdir": false, "mode": "0600", "uid": 0, "gid": 0, "matches": true}}
 """
@@ -346,6 +354,7 @@ def main():
             files=dict(type="list", elements="dict", default=[], options=dict(
                 path=dict(type="path", required=True),
                 sha1=dict(type="str", no_log=True),
+                digest=dict(type="bool", default=False),
             )),
             stopped_log_lines=dict(type="int", default=0),
             timeout=dict(type="float", default=10),
@@ -380,7 +389,7 @@ def main():
     node["ip6tables"] = list_chains(module, "ip6tables", params["ip6tables_chains"], params["timeout"], required=False)
     # The address this node sees the controller connect from (OpenSSH's SSH_CLIENT); null over another connection.
     node["controller_address"] = controller_address()
-    node["files"] = dict((item["path"], describe_file(item["path"], item.get("sha1"))) for item in params["files"])
+    node["files"] = dict((item["path"], describe_file(item["path"], item.get("sha1"), item.get("digest"))) for item in params["files"])
     module.exit_json(changed=False, ansible_facts={"gpulab_node": node})
 
 

@@ -203,3 +203,12 @@ def test_the_server_waits_for_a_whole_cluster_to_hold_steady():
     actions, gang = supervisor.decide_head(container("running"), container("killed"), True, read("ray_3node_rejoined"), THREE,
                                            None, (), False)
     assert actions == [("wait", "gate", "the cluster looks whole; waiting for it to hold steady")] and gang is None
+
+
+def test_the_firewall_is_checked_on_its_own_at_its_interval():
+    """While everything runs, the rules are looked at every firewall_interval seconds (a reload puts nothing back
+    by itself); 0 leaves it to the check before each start."""
+    assert supervisor.firewall_due(None, 1000.0, 30)
+    assert not supervisor.firewall_due(990.0, 1000.0, 30)
+    assert supervisor.firewall_due(970.0, 1000.0, 30)
+    assert not supervisor.firewall_due(None, 1000.0, 0)

@@ -198,12 +198,28 @@ def run_ray(args, started):
     try:
         ready, unused = ray.wait([group.ready()], timeout=args.timeout)
         if not ready:
+            # A node that passed the gate and then left: it registered, and the head lost its raylet.
+            nodes = ray.nodes()
+            alive = {node["NodeManagerAddress"] for node in nodes if node.get("Alive")}
+            left = sorted({node["NodeManagerAddress"] for node in nodes if not node.get("Alive")} - alive)
             return {"error": "the placement group of %d GPUs (one per rank, as vLLM asks) was not ready within %d s; "
-                             "Ray has %s GPU(s)" % (args.world, args.timeout, ray.cluster_resources().get("GPU", 0))}
+                             "Ray has %s GPU(s)%s" % (args.world, args.timeout, ray.cluster_resources().get("GPU", 0),
+                                                      "; joined and then left Ray: %s" % ", ".join(left) if left else ""),
+                    "late_nodes": left}
         actor = ray.remote(num_cpus=0, num_gpus=1)(Rank)
         actors = [actor.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=group, placement_group_bundle_index=index)).remote() for index in range(args.world)]
-        infos = ray.get([item.describe.remote() for item in actors], timeout=args.timeout)
+        describes = [item.describe.remote() for item in actors]
+        unused, pending = ray.wait(describes, num_returns=len(describes), timeout=args.timeout)
+        if pending:
+            # A rank that never started: its node joined Ray, but the head cannot use it (its raylet unreachable).
+            placed = ray.util.placement_group_table(group).get("bundles_to_node_id") or {}
+            addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+            late = sorted({addresses.get(placed.get(describes.index(ref)), "an unknown node") for ref in pending})
+            return {"error": "rank(s) placed on %s did not start within %d s, though the node is in Ray: the head's Ray "
+                             "cannot reach that node's raylet (its node and object manager ports on the fabric)"
+                             % (", ".join(late), args.timeout), "late_nodes": late}
+        infos = ray.get(describes)
         order = order_ranks(infos, head_ip)
         actors = [actors[index] for index in order]
         infos = [infos[index] for index in order]

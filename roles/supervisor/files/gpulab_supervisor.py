@@ -263,6 +263,12 @@ def hold_active(text, now):
 
 
 # --- the host firewall, before any container ------------------------------------------------------------------------
+def firewall_due(checked_at, now, interval):
+    """Whether the firewall's own check is due: never checked, or `interval` seconds since the last (0: never)."""
+    if not interval:
+        return False
+    return checked_at is None or now - checked_at >= interval
+
 
 CHAIN = "GPULAB-INPUT"
 JUMP = '-A INPUT -m comment --comment "gpulab: default deny" -j ' + CHAIN
@@ -376,6 +382,7 @@ def tcp_open(host, port, timeout=2.0):
 
 class Supervisor(object):
     def __init__(self, config, folder):
+        self.firewall_checked = None
         self.config = config
         self.folder = folder
         self.docker = Docker(config["docker_socket"])
@@ -651,13 +658,20 @@ class Supervisor(object):
                 if self.held():
                     self.started_with = None
                     self.phase("held", "a deploy is changing this node")
-                elif self.config["role"] == "head":
+                    continue
+                # A firewall reload (or another tool's flush) while everything runs opens the ports until the next
+                # start: the rules are checked on their own every firewall_interval seconds, and put back.
+                if firewall_due(self.firewall_checked, time.time(), self.config.get("firewall_interval", 30)):
+                    self.firewall_checked = time.time()
+                    self.ensure_firewall()
+                if self.config["role"] == "head":
                     self.step_head()
                 else:
                     self.step_worker()
             except Exception as exc:  # pylint: disable=broad-except
                 self.say("step failed: %s" % exc, key="step")
-            time.sleep(self.config["interval"])
+            finally:
+                time.sleep(self.config["interval"])
 
 
 def main(argv):

@@ -408,6 +408,17 @@ def test_file_mode_owner_and_matching_content(tmp_path):
     assert _node.describe_file(str(token))["mode"] == "0640"
 
 
+def test_digest_of_a_file_that_holds_no_secret(tmp_path):
+    """Asked with digest, the read returns the SHA-1 a role compares with what it would write; none for a folder or an
+    absent file, and the field only when asked."""
+    listing = tmp_path / "ray_non_carry_over_env_vars.json"
+    listing.write_bytes(b'[\n  "NCCL_IB_HCA"\n]\n')
+    assert _node.describe_file(str(listing), digest=True)["sha1"] == sha1_of(b'[\n  "NCCL_IB_HCA"\n]\n')
+    assert "sha1" not in _node.describe_file(str(listing))
+    assert _node.describe_file(str(tmp_path), digest=True)["sha1"] is None
+    assert _node.describe_file(str(tmp_path / "absent"), digest=True)["sha1"] is None
+
+
 def test_missing_file(tmp_path):
     missing = str(tmp_path / "absent")
     assert _node.describe_file(missing) == {"exists": False, "isdir": False, "mode": None, "uid": None, "gid": None,
