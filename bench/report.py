@@ -195,32 +195,38 @@ def variants_section(variants: dict) -> list[str]:
 
 
 def weights_section(weights: dict) -> list[str]:
-    """The model onto every node: per lab size, the play's wall time, rounds, each node's copy rate, the re-run; and the
-    copy's rate against a raw stream over the same fabric addresses."""
+    """The model onto every node: per lab size, the play's wall time, rounds, each node's copy rate (the task's span,
+    and the module's own copy), the re-run; and both rates against a raw stream over the same fabric addresses."""
     if not weights:
         return []
     mb = weights.get("model_mb") or 0
     out = ["", "## The model onto every node (weights role, %d MB in %s)" % (mb, "random shards"), "",
-           "| nodes | copy play s (median, min-max) | rounds | per-node copy MB/s (median) | re-run s (median) | runs |",
-           "| --- | --- | --- | --- | --- | --- |"]
-    raw_rates, copy_rates = [], []
+           "| nodes | copy play s (median, min-max) | rounds | per-node task MB/s (median) | per-node copy MB/s (median) "
+           "| re-run s (median) | runs |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    raw_rates, span_rates, own_rates = [], [], []
     for nodes, size in sorted((weights.get("sizes") or {}).items(), key=lambda kv: int(kv[0])):
         copies = _ok(size.get("copy") or [])
         walls = [c["wall_s"] for c in copies]
         rates = [mb / span for c in copies for span in c.get("copy_spans_s") or [] if span > 0]
+        own = [o["received_bytes"] / 1048576 / o["seconds"] for c in copies for o in c.get("copy_own") or []
+               if o.get("seconds") and o.get("received_bytes")]
         rounds = sorted({c.get("rounds") for c in copies})
         s = summary(walls)
-        out.append("| %s | %s (%s-%s) | %s | %s | %s | %d |" % (
+        out.append("| %s | %s (%s-%s) | %s | %s | %s | %s | %d |" % (
             nodes, _fmt(s["median"], 1), _fmt(s["min"], 1), _fmt(s["max"], 1), "/".join(str(r) for r in rounds) or "-",
-            _fmt(_median(rates), 0), _fmt(_median(_field(size.get("rerun") or [], "wall_s")), 1), s["n"]))
+            _fmt(_median(rates), 0), _fmt(_median(own), 0), _fmt(_median(_field(size.get("rerun") or [], "wall_s")), 1), s["n"]))
         if size.get("raw_s"):
             raw_rates = [mb / t for t in size["raw_s"] if t > 0]
-            copy_rates = rates
+            span_rates, own_rates = rates, own
     if raw_rates:
-        ratio = _median(copy_rates) / _median(raw_rates) if copy_rates else None
+        raw = _median(raw_rates)
+        span_ratio = _median(span_rates) / raw if span_rates else None
+        own_ratio = _median(own_rates) / raw if own_rates else None
         out += ["", "Raw stream over the same fabric addresses (one TCP stream, sendfile from the page cache, read into "
-                "nothing): %s MB/s median of %d; the copy with its proof (written, hashed, moved into place) reaches %s of it "
-                "(goal: 0.5 or more)." % (_fmt(_median(raw_rates), 0), len(raw_rates), _fmt(ratio, 2))]
+                "nothing): %s MB/s median of %d. The copy with its proof (received, written, hashed, moved into place; the "
+                "module's own seconds) reaches %s of it (goal: 0.5 or more); the whole task, with the module's start over "
+                "SSH, %s." % (_fmt(raw, 0), len(raw_rates), _fmt(own_ratio, 2), _fmt(span_ratio, 2))]
     return out
 
 

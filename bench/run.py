@@ -427,6 +427,10 @@ class Bench:
                 spans = [round(h["end"] - h["start"], 3) for t in parsed["tasks"] if t["action"] == "gpulab.vllm.weights_fetch"
                          for h in t["hosts"].values() if h.get("changed") and "start" in h and "end" in h]
                 copy["copy_spans_s"] = spans
+                # The module's own figures: bytes received over its own seconds (received, written, hashed, moved
+                # into place), without its start over SSH.
+                copy["copy_own"] = [h["copy"] for t in parsed["tasks"] if t["action"] == "gpulab.vllm.weights_fetch"
+                                    for h in t["hosts"].values() if h.get("changed") and h.get("copy")]
                 copy["rounds"] = sum(1 for t in parsed["tasks"] if t["action"] == "gpulab.vllm.weights_fetch")
                 size["copy"].append(copy)
                 size["rerun"].append(self.playbook("weights.yml", extra, what="weights-rerun-%d" % nodes))

@@ -34,6 +34,8 @@ def parse(lines: list[str]) -> dict:
                 host.update(end=event["t"], status=event["status"], changed=event["changed"])
                 if event.get("ray_wait"):
                     host["ray_wait"] = event["ray_wait"]
+                if event.get("copy"):
+                    host["copy"] = event["copy"]
         elif kind == "stats":
             stats = event["hosts"]
             if tasks and tasks[-1]["end"] is None:

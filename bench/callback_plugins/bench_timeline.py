@@ -5,8 +5,8 @@
 Used by bench/run.py only. Enabled with ANSIBLE_CALLBACKS_ENABLED=bench_timeline and
 ANSIBLE_CALLBACK_PLUGINS=bench/callback_plugins; the file is named by BENCH_TIMELINE.
 Times are wall-clock seconds (time.time()), comparable with Ray's own node start times.
-Results are never written whole: only status, changed and the gate's wait record, so no
-secret a task handles can reach the file.
+Results are never written whole: only status, changed, the gate's wait record and a model copy's own
+figures (bytes received, seconds), so no secret a task handles can reach the file.
 """
 
 from __future__ import annotations
@@ -71,8 +71,11 @@ class CallbackModule(CallbackBase):
         data = result.result
         facts = data.get("ansible_facts") or {}
         wait = (facts.get("ray_cluster") or {}).get("wait")
+        copy = None
+        if result.task.action == "gpulab.vllm.weights_fetch" and "received_bytes" in data:
+            copy = {"received_bytes": data.get("received_bytes"), "seconds": data.get("seconds")}
         self._emit("host_result", status=status, host=result.host.get_name(), uuid=result.task._uuid,
-                   changed=bool(data.get("changed")), ray_wait=wait)
+                   changed=bool(data.get("changed")), ray_wait=wait, copy=copy)
 
     def v2_runner_on_ok(self, result):
         self._result("ok", result)

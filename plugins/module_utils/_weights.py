@@ -167,6 +167,85 @@ def spread_plan(holders, targets):
     return rounds
 
 
+def partial_path(dest, rel):
+    """Where a copy of rel into dest grows until it is proven and moved into place."""
+    return os.path.join(dest, PARTIAL_DIR, *rel.split("/"))
+
+
+def partial_bytes(dest, files):
+    """Bytes already in partial copies of the given files (what a resumed copy need not fetch again)."""
+    total = 0
+    for rel, entry in files.items():
+        try:
+            total += min(os.path.getsize(partial_path(dest, rel)), entry["size"])
+        except OSError:
+            pass
+    return total
+
+
+def free_bytes(path):
+    """Free bytes (for an unprivileged writer) on the file system of path, or of its nearest parent that exists."""
+    probe = path
+    while probe and not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            break
+        probe = parent
+    info = os.statvfs(probe or "/")
+    return info.f_bavail * info.f_frsize
+
+
+def read_folder(root, stamp_file="", expected=None, full=False, with_manifest=True, hash_allowed=True, write=True, warn=None):
+    """What weights_manifest returns for root: the manifest, the problems against expected, the bytes a copy needs.
+
+    With hash_allowed false, None when the answer would need a file read (a file the stamp does not vouch for) or a
+    new stamp (a file gone or added): the caller then runs the module, which does both. Otherwise the stamp is
+    written when the manifest changed and write is true (warn, when given, hears why it could not be); raises
+    OSError when the folder cannot be walked."""
+    stamp = read_stamp(stamp_file) if stamp_file else {}
+    files, hashed = {}, []
+    if os.path.isdir(root):
+        if hash_allowed:
+            files, hashed = manifest(root, stamp=stamp, full=full)
+        else:
+            def refuse(path):
+                raise LookupError(path)
+            try:
+                files, hashed = manifest(root, stamp=stamp, full=full, hasher=refuse)
+            except LookupError:
+                return None
+    elif not hash_allowed:
+        return None
+    if stamp_file and files and (hashed or set(stamp) != set(files)):
+        if not hash_allowed:
+            return None
+        try:
+            if write:
+                write_stamp(stamp_file, files)
+        except OSError as error:
+            if warn is not None:
+                warn("the stamp %s could not be written (%s): the next run hashes every file again" % (stamp_file, error))
+    # A shard its own index names and the folder lacks is a problem with or without an expected manifest.
+    problems = index_problems(root, set(files))
+    needed = partial = 0
+    if expected is not None:
+        problems = compare(expected, files) + [p for p in problems if p["file"] not in expected]
+        differing = {p["file"]: expected[p["file"]] for p in problems if p["file"] in expected}
+        partial = partial_bytes(root, differing)
+        needed = max(0, sum(entry["size"] for entry in differing.values()) - partial)
+    return dict(
+        files=strip(files) if with_manifest else {},
+        count=len(files),
+        total_bytes=sum(entry["size"] for entry in files.values()),
+        hashed=hashed,
+        problems=problems,
+        problem_lines=[describe(p) for p in problems],
+        needed_bytes=needed,
+        partial_bytes=partial,
+        free_bytes=free_bytes(root),
+    )
+
+
 def human_bytes(count):
     value = float(count)
     for unit in ("B", "KB", "MB", "GB", "TB"):

@@ -31,19 +31,9 @@ class CopyError(Exception):
     """A copy that cannot go on: the source does not answer, refuses, or sends what the manifest does not say."""
 
 
-def partial_path(dest, rel):
-    return os.path.join(dest, _weights.PARTIAL_DIR, *rel.split("/"))
-
-
-def partial_bytes(dest, files):
-    """Bytes already in partial copies of the given files (what a resumed copy need not fetch again)."""
-    total = 0
-    for rel, entry in files.items():
-        try:
-            total += min(os.path.getsize(partial_path(dest, rel)), entry["size"])
-        except OSError:
-            pass
-    return total
+# Where a copy in progress lives, and what it holds: _weights reads them too (a proof counts partial copies).
+partial_path = _weights.partial_path
+partial_bytes = _weights.partial_bytes
 
 
 def _connect(url, timeout):

@@ -115,22 +115,9 @@ free_bytes:
   returned: always
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpulab.vllm.plugins.module_utils import _weights, _weights_fetch
-
-
-def free_bytes(path):
-    probe = path
-    while probe and not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
-    info = os.statvfs(probe or "/")
-    return info.f_bavail * info.f_frsize
+from ansible_collections.gpulab.vllm.plugins.module_utils import _weights
 
 
 def main():
@@ -152,38 +139,13 @@ def main():
                if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or rel.startswith("/") or ".." in rel.split("/")]
         if bad:
             module.fail_json(msg="expected: entries %s are not relative file paths with an integer size" % ", ".join(sorted(bad)[:5]))
-    stamp = _weights.read_stamp(params["stamp_file"]) if params["stamp_file"] else {}
-    files, hashed = {}, []
-    if os.path.isdir(root):
-        try:
-            files, hashed = _weights.manifest(root, stamp=stamp, full=params["full"])
-        except OSError as error:
-            module.fail_json(msg="cannot read the model folder %s: %s" % (root, error))
-    if params["stamp_file"] and not module.check_mode and files and (hashed or set(stamp) != set(files)):
-        try:
-            _weights.write_stamp(params["stamp_file"], files)
-        except OSError as error:
-            module.warn("the stamp %s could not be written (%s): the next run hashes every file again" % (params["stamp_file"], error))
-    # A shard its own index names and the folder lacks is a problem with or without an expected manifest.
-    problems = _weights.index_problems(root, set(files))
-    needed = partial = 0
-    if expected is not None:
-        problems = _weights.compare(expected, files) + [p for p in problems if p["file"] not in expected]
-        differing = {p["file"]: expected[p["file"]] for p in problems if p["file"] in expected}
-        partial = _weights_fetch.partial_bytes(root, differing)
-        needed = max(0, sum(entry["size"] for entry in differing.values()) - partial)
-    module.exit_json(
-        changed=False,
-        files=_weights.strip(files) if params["manifest"] else {},
-        count=len(files),
-        total_bytes=sum(entry["size"] for entry in files.values()),
-        hashed=hashed,
-        problems=problems,
-        problem_lines=[_weights.describe(p) for p in problems],
-        needed_bytes=needed,
-        partial_bytes=partial,
-        free_bytes=free_bytes(root),
-    )
+    try:
+        # In check mode the stamp is read, not written.
+        result = _weights.read_folder(root, params["stamp_file"], expected=expected, full=params["full"],
+                                      with_manifest=params["manifest"], write=not module.check_mode, warn=module.warn)
+    except OSError as error:
+        module.fail_json(msg="cannot read the model folder %s: %s" % (root, error))
+    module.exit_json(changed=False, **result)
 
 
 if __name__ == "__main__":
