@@ -229,7 +229,19 @@ def cidr_problem(value) -> str:
     return ""
 
 
+def fabric_problem(facts: dict, subnet: str, host: str = "this host", expected: str | None = None) -> str:
+    """Why fabric_interface would refuse the host (a link down, no or several addresses on the subnet), or ''.
+
+    A task asserts on it, so that the play stops with the sentence itself, not inside Ansible's report of a
+    filter that failed."""
+    try:
+        fabric_interface(facts, subnet, host, expected)
+    except AnsibleFilterError as exc:
+        return str(exc.message if hasattr(exc, "message") else exc)
+    return ""
+
+
 class FilterModule:
     def filters(self):
         return {"fabric_interface": fabric_interface, "fabric_rdma": fabric_rdma, "fabric_env": fabric_env,
-                "cidr_problem": cidr_problem}
+                "cidr_problem": cidr_problem, "fabric_problem": fabric_problem}

@@ -12,7 +12,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from conftest import REPO, fixture_names, load_fixture
-from ansible_collections.gpulab.vllm.plugins.filter.fabric import fabric_interface
+from ansible_collections.gpulab.vllm.plugins.filter.fabric import fabric_interface, fabric_problem
 from ansible_collections.gpulab.vllm.plugins.module_utils import _node, _vllm_probe
 
 NODES = fixture_names("node")
@@ -171,6 +171,13 @@ def test_fabric_link_set_down_is_down(name):
 def test_recorded_fabric_down_fails_as_the_integration_test_expects():
     with pytest.raises(AnsibleFilterError, match=re.escape("node2: the fabric interface enp1s0f0np0 (10.220.0.12) is down")):
         fabric_interface(network_of("node2_fabric_down"), FABRIC_SUBNET, "node2", "10.220.0.12")
+
+
+def test_recorded_fabric_down_is_one_plain_sentence_for_the_assert():
+    said = fabric_problem(network_of("node2_fabric_down"), FABRIC_SUBNET, "node2", "10.220.0.12")
+    assert said == ("node2: the fabric interface enp1s0f0np0 (10.220.0.12) is down; bring it up (ip link set enp1s0f0np0 up) "
+                    "and check its cable and switch port")
+    assert fabric_problem(network_of("node2_nothing_deployed"), FABRIC_SUBNET, "node2", "10.220.0.12") == ""
 
 
 def test_fabric_link_without_carrier_is_down_as_with_gathered_facts():
