@@ -9,13 +9,19 @@ the floor starts the same images with the same entrypoints, commands, environmen
 limits. Secrets come back from the lab inventory. Steps, with no fixed sleep anywhere (every wait
 polls every --poll seconds):
 
-  1. write the Ray token file; on every node at once, add the Ray firewall chain (nsenter into the
+  1. write the Ray token file and the server's own files (its middleware, the variables vLLM keeps
+     off the workers); on every node at once, add the Ray firewall chain (nsenter into the
      node) and, when the inventory asks the roles to (image_pull: always), pull the images again;
+  1b. the checks the playbook runs before Ray, on every node at once: the image's contract probe
+     (`docker run --rm` of the image role's probe, with the GPU request the Ray containers get) and
+     the proof of the model against its source (the weights role's own reader, the same stamps);
   2. `docker -H <node socket> run` the Ray head; wait until the head's GCS port answers on the
      fabric, seen from a worker's network namespace;
   3. start every worker at once;
   4. wait for every node and GPU with the collection's own GCS reader, looped inside ONE
      `docker exec` in the head container (the gate, minus one process per poll);
+  4b. the collective across every GPU: the collective role's check, `docker exec` in the head
+     container with the same settings;
   5. start the vLLM server and poll /v1/completions until a completion is answered.
 
 Prints one JSON object: ok, total_s, marks (seconds since start at the end of each step), and
@@ -35,6 +41,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib  # noqa: E402
+
+# The scripts the roles run, relative to the collection's tree (--collection).
+PROBE = Path("roles") / "image" / "files" / "probe_image.py"
+COLLECTIVE = Path("roles") / "collective" / "files" / "collective_check.py"
+WEIGHTS = Path("plugins") / "module_utils" / "_weights.py"
 
 # Waits for a TCP port; runs inside a node's network namespace.
 PORT_WAIT = r"""
@@ -67,6 +78,15 @@ def write_secret_files(specs: list[dict], secrets: dict) -> None:
         target.chmod(0o600)
 
 
+def write_config_files(files: list[dict]) -> None:
+    """The server's own files (its middleware, the variables vLLM keeps off the workers), as the role writes them."""
+    for entry in files:
+        target = Path(entry["path"])
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(entry["content"])
+        target.chmod(entry["mode"])
+
+
 def apply_firewall(node: benchlib.Node, rules: list[list[str]]) -> None:
     for rule in rules:
         proc = benchlib.in_netns(node, ["iptables", *rule], timeout=30)
@@ -85,6 +105,48 @@ def start(node: benchlib.Node, spec: dict, secrets: dict) -> None:
     benchlib.docker(node, *benchlib.run_argv(spec, secrets))
 
 
+def probe(node: benchlib.Node, check: dict, script: str) -> dict:
+    """The image role's contract probe, as the role runs it: Ray, vLLM and the GPUs the image sees."""
+    argv = ["run", "--rm", "--network=none"] + (["--gpus=all"] if check["gpus"] else [])
+    prefix = check["entrypoint_prefix"]
+    argv += (["--entrypoint=" + prefix[0], check["image"]] + prefix[1:] + ["python3"]) if prefix else ["--entrypoint=python3", check["image"]]
+    argv += ["-c", script] + (["--gpu"] if check["gpus"] else [])
+    proc = benchlib.docker(node, *argv, timeout=300, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise FloorError("the image probe on %s failed: %s" % (node.name, proc.stderr.strip()[-300:]))
+    found = json.loads(lines[-1])
+    if found.get("ray") is None or found.get("vllm") is None:
+        raise FloorError("the image probe on %s found no Ray or no vLLM: %s" % (node.name, lines[-1][:200]))
+    return found
+
+
+def prove_weights(weights: dict, pool: ThreadPoolExecutor, collection: Path) -> int:
+    """The weights role's proof: the source's manifest (its stamp vouching), then every node's copy against it."""
+    weights_lib = benchlib.load_module("gpulab_weights", collection / WEIGHTS)
+    source = weights_lib.read_folder(weights["source"], weights["source_stamp"])
+    if not source["count"] or source["problems"]:
+        raise FloorError("the model's source %s is incomplete: %s" % (weights["source"], source["problem_lines"][:3]))
+    proofs = list(pool.map(lambda n: (n["name"], weights_lib.read_folder(n["dir"], n["stamp"], expected=source["files"], with_manifest=False)),
+                           weights["nodes"]))
+    bad = ["%s: %s" % (name, found["problem_lines"][:2]) for name, found in proofs if found["problems"]]
+    if bad:
+        raise FloorError("the model differs from its source on %s" % "; ".join(bad))
+    return source["count"]
+
+
+def collective(head: benchlib.Node, container: str, check: dict, script: str) -> dict:
+    """The collective role's check in the head container: one all-reduce across every GPU, then each link to the head."""
+    argv = ["exec", "-i", container, "python3", "-", "--world", str(check["world"]), "--size-mb", str(check["size_mb"]),
+            "--iterations", str(check["iterations"]), "--timeout", str(check["timeout"])]
+    proc = benchlib.docker(head, *argv, input=script, timeout=check["timeout"] + 120, check=False)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    found = json.loads(lines[-1]) if lines else {"error": proc.stderr.strip()[-300:] or "exit %d" % proc.returncode}
+    if found.get("error"):
+        raise FloorError("the collective check failed: %s" % found["error"])
+    return found
+
+
 def wait_port(node: benchlib.Node, address: str, poll: float, timeout: float) -> None:
     host, port = address.rsplit(":", 1)
     proc = benchlib.in_netns(node, [sys.executable, "-c", PORT_WAIT, host, port, str(poll), str(timeout)], timeout=timeout + 30)
@@ -95,7 +157,8 @@ def wait_port(node: benchlib.Node, address: str, poll: float, timeout: float) ->
 def wait_cluster(head: benchlib.Node, container: str, expect: dict, reader: str, poll: float, timeout: float) -> dict:
     # The collection's reader waits by itself, judging by its own rule, as the gate does.
     until = {"ips": [], "nodes": expect["nodes"], "gpus": expect["gpus"], "interval": poll, "for": timeout}
-    proc = benchlib.docker(head, "exec", container, "python3", "-c", reader, "auto", "2", json.dumps(until),
+    # The head's address, as the gate gives it: the reader need not wait for the head to write its own record.
+    proc = benchlib.docker(head, "exec", container, "python3", "-c", reader, expect["gcs_address"], "2", json.dumps(until),
                            check=False, timeout=timeout + 60)
     try:
         document = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -152,8 +215,18 @@ def run(spec: dict, collection: Path, poll: float, timeout: float) -> dict:
 
     with ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
         write_secret_files([pair[1] for pair in placed], secrets)
+        write_config_files(spec.get("config_files") or [])
         list(pool.map(lambda entry: prepare(nodes[entry["name"]], entry, spec.get("pull", False)), spec["nodes"]))
         mark("secrets_firewall_pull")
+        # The checks before Ray, as the playbook runs them from nothing: the probe on every node, the model's proof.
+        checks = spec.get("checks") or {}
+        if checks.get("probe"):
+            script = (collection / PROBE).read_text()
+            list(pool.map(lambda check: probe(nodes[check["name"]], check, script), checks["probe"]))
+            mark("probe")
+        if checks.get("weights"):
+            prove_weights(checks["weights"], pool, collection)
+            mark("weights_proof")
         start(head, head_spec, secrets)
         mark("head_started")
         if workers:
@@ -163,6 +236,10 @@ def run(spec: dict, collection: Path, poll: float, timeout: float) -> dict:
             mark("workers_started")
     gate = wait_cluster(head, head_spec["name"], spec["expect"], reader, poll, timeout)
     mark("gate")
+    shown = None
+    if (spec.get("checks") or {}).get("collective", {}).get("enabled") and by_role["vllm-server"]:
+        shown = collective(head, head_spec["name"], spec["checks"]["collective"], (collection / COLLECTIVE).read_text())
+        mark("collective")
     completion = None
     for node, server in by_role["vllm-server"]:
         start(node, server, secrets)
@@ -171,7 +248,8 @@ def run(spec: dict, collection: Path, poll: float, timeout: float) -> dict:
         completion = wait_completion("http://%s:%d/v1/completions" % (node.mgmt_ip, endpoint["port"]), endpoint["model"],
                                      secrets.get("vllm_server_api_key"), poll, timeout)
         mark("completion")
-    return {"ok": True, "total_s": round(time.monotonic() - started, 3), "marks": marks, "gate": gate, "completion": completion}
+    return {"ok": True, "total_s": round(time.monotonic() - started, 3), "marks": marks, "gate": gate, "completion": completion,
+            "collective": shown}
 
 
 def main(argv: list[str]) -> int:

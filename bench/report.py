@@ -8,7 +8,7 @@ from collections import defaultdict
 
 from benchlib import summary
 
-GOALS = {"ratio": 1.25, "gate": 1.0, "noop": 10.0, "scale": 1.5}
+GOALS = {"ratio": 1.10, "gate": 1.0, "noop": 10.0, "scale": 1.5}
 
 
 def _fmt(value, digits: int = 2) -> str:
@@ -167,6 +167,28 @@ def floor_section(rounds: list[dict]) -> list[str]:
     return out
 
 
+# The checks both sides run before the load: the playbook's role, and the floor's step (its mark, and the mark before).
+CHECK_STAGES = (("image's contract probe (GPU smoke)", "gpulab.vllm.image", "probe", "secrets_firewall_pull"),
+                ("model's proof on every node", "gpulab.vllm.weights", "weights_proof", "probe"),
+                ("collective across every GPU", "gpulab.vllm.collective", "collective", "gate"))
+
+
+def stages_section(rounds: list[dict]) -> list[str]:
+    """What each check before the load costs, from nothing: the playbook's role (median seconds of its tasks) beside
+    the floor's step doing the same work."""
+    playbooks = _ok([r.get("playbook") for r in rounds if r.get("playbook")])
+    floors = [r["floor"] for r in rounds if r.get("floor", {}).get("rc") == 0 and r["floor"].get("marks")]
+    if not playbooks or not floors:
+        return []
+    roles = _by_role(playbooks)
+    out = ["", "### The checks before the load, from nothing (median seconds)", "",
+           "| check | playbook (its role) | floor (same work) |", "| --- | --- | --- |"]
+    for what, role, step, before in CHECK_STAGES:
+        spans = [f["marks"][step] - f["marks"].get(before, f["marks"][step]) for f in floors if step in f["marks"]]
+        out.append("| %s | %s | %s |" % (what, _fmt(roles.get(role), 1), _fmt(_median(spans), 1) if spans else "not run"))
+    return out
+
+
 def variants_section(variants: dict) -> list[str]:
     if not variants:
         return []
@@ -276,6 +298,7 @@ def render(results: dict) -> str:
     out += ["", "## Where the time goes"]
     out += profile_section("`deploy_qwen35.yml` from nothing", [r.get("playbook") for r in ready.get("rounds", [])])
     out += floor_section(ready.get("rounds", []))
+    out += stages_section(ready.get("rounds", []))
     out += profile_section("no-op re-run of `deploy_qwen35.yml`", results.get("noop") or [])
     for nodes, entry in sorted((results.get("scale") or {}).items(), key=lambda kv: int(kv[0])):
         out += profile_section("Ray-only `deploy.yml`, %s nodes" % nodes, [r.get("playbook") for r in entry["rounds"]], limit=8)

@@ -166,6 +166,8 @@ class Bench:
         tree = tree or self.tree
         label = self._label("%s-%s" % (what or Path(name).stem, tree.name))
         timeline_file = LOGS / (label + ".jsonl")
+        # The callback appends: a file left by an earlier benchmark under the same label must not mix in.
+        timeline_file.unlink(missing_ok=True)
         argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory or tree.inventory), str(tree.path / "playbooks" / name)]
         if extra:
             argv += ["-e", json.dumps(extra)]
@@ -225,11 +227,62 @@ class Bench:
             entries.append({"name": node.name, "containers": benchlib.record_containers(node, secrets, secret_files), "firewall": rules})
         specs = [c for entry in entries for c in entry["containers"]]
         group_vars = benchlib.read_inventory(self.tree.inventory / "group_vars" / "all.yml")
-        spec = {"nodes": entries, "expect": benchlib.expected_cluster(specs), "pull": group_vars.get("image_pull") == "always"}
+        spec = {"nodes": entries, "expect": benchlib.expected_cluster(specs), "pull": group_vars.get("image_pull") == "always",
+                "checks": self.checks_spec(inventory, group_vars, entries), "config_files": self.config_files(specs, group_vars)}
         path = RESULTS / ("spec-%s.json" % name)
         path.write_text(json.dumps(spec, indent=1))
         path.chmod(0o600)
         return path
+
+    @staticmethod
+    def config_files(specs: list[dict], group_vars: dict) -> list[dict]:
+        """The server's read-only files the vllm_server role writes (its middleware, the variables vLLM must not carry
+        to the workers, its config): what the floor writes before it starts the server, as the role does. Secrets are
+        left out (the floor writes them from the inventory); so are the model's folders."""
+        secret = {f["path"] for c in specs for f in c["secret_files"]}
+        model = str(group_vars.get("weights_dir") or "/nonexistent")
+        found = []
+        for spec in (c for c in specs if c["role"] == "vllm-server"):
+            for bind in spec["binds"]:
+                source = bind.split(":", 1)[0]
+                if not source.startswith("/") or source in secret or source.startswith(os.path.dirname(model)):
+                    continue
+                paths = [Path(source)] if Path(source).is_file() else sorted(p for p in Path(source).rglob("*") if p.is_file())
+                found += [{"path": str(p), "mode": p.stat().st_mode & 0o777, "content": p.read_text()} for p in paths]
+        return found
+
+    def checks_spec(self, inventory: dict, group_vars: dict, entries: list[dict]) -> dict:
+        """The checks the playbook runs before and after Ray starts, for the floor to run the same way: the image's
+        contract probe on every node (with the GPU request the Ray containers got), the proof of the model on every
+        node against its source (the same stamps), and the collective across every GPU (the same settings)."""
+        collective = benchlib.read_inventory(self.tree.path / "roles" / "collective" / "defaults" / "main.yml")
+        collective.update({k: v for k, v in group_vars.items() if k.startswith("collective_")})
+        hostvars = inventory["all"]["vars"]
+        model_dir = hostvars.get("lab_model_dir") or ""
+        weights_dir = group_vars.get("weights_dir") or ""
+        probes = []
+        for entry in entries:
+            ray = [c for c in entry["containers"] if c["role"] in ("ray-head", "ray-worker")]
+            if ray:
+                probes.append({"name": entry["name"], "image": ray[0]["image"], "gpus": ray[0]["gpus"],
+                               "entrypoint_prefix": ray[0]["entrypoint"][:-1]})
+        weights = None
+        if model_dir and weights_dir:
+            stamps = "%s/.gpulab-stamps" % os.path.dirname(weights_dir)
+            weights = {
+                "source": model_dir,
+                "source_stamp": os.path.expanduser("~/.cache/gpulab/weights-stamps/%s.json" % hashlib.sha1(model_dir.encode()).hexdigest()[:16]),
+                # Each node's disk as this machine sees it (the lab's /srv/gpulab-lab is the node's data folder).
+                "nodes": [{"name": e["name"], "dir": str(NODE_DATA / e["name"] / os.path.relpath(weights_dir, "/srv/gpulab-lab")),
+                           "stamp": str(NODE_DATA / e["name"] / os.path.relpath(stamps, "/srv/gpulab-lab")
+                                        / ("%s.json" % hashlib.sha1(weights_dir.encode()).hexdigest()[:16]))} for e in entries]}
+        return {
+            "probe": probes,
+            "weights": weights,
+            "collective": {"enabled": bool(collective.get("collective_check", True)), "world": int(collective["collective_world"]),
+                           "size_mb": int(collective["collective_size_mb"]), "iterations": int(collective["collective_iterations"]),
+                           "timeout": int(collective["collective_timeout"])},
+        }
 
     def parity(self, spec_path: Path) -> list[str]:
         """Differences between the containers running now and the recorded spec; empty when the same."""

@@ -166,7 +166,7 @@ def test_summary_and_report_render():
         "variants": {"snapshot": {"deploy": [playbook], "noop": [dict(playbook, wall_s=8.0, changed=0)]}},
     }
     text = report.render(results)
-    assert "| 1 | ratio playbook / floor, per round | 1.12 | 1.12 | 1.12 | 3 | <= 1.25 | yes |" in text
+    assert "| 1 | ratio playbook / floor, per round | 1.12 | 1.12 | 1.12 | 3 | <= 1.10 | **no** |" in text
     assert "| 4 | T(8)/T(2), ratio of medians | 2.00 |" in text and "**no**" in text
     assert "| gate | 2.0 | 2% |" in text
     assert "identical" in text
