@@ -232,3 +232,19 @@ def test_the_fault_matrix_picture_and_table_have_one_row_per_fault():
     assert len(bars) == len(rows)
     table = report.faults_section({row["key"]: {"row": row} for row in rows})
     assert sum(1 for line in table if line.startswith("| %s |" % rows[0]["title"])) == 2
+
+
+def test_the_checks_before_the_load_side_by_side_on_recorded_rounds():
+    """Each check's seconds from nothing: the playbook's role beside the floor's step doing the same work (three rounds
+    recorded by make bench on the two-node lab)."""
+    rounds = json.loads((FIXTURES / "ready_rounds.json").read_text())["rounds"]
+    lines = report.stages_section(rounds)
+    rows = {line.split(" | ", maxsplit=1)[0].lstrip("| "): line for line in lines if line.startswith("| ") and "---" not in line}
+    assert set(rows) == {"check", "image's contract probe (GPU smoke)", "model's proof on every node", "collective across every GPU"}
+    floors = sorted(r["floor"]["marks"]["collective"] - r["floor"]["marks"]["gate"] for r in rounds)
+    assert rows["collective across every GPU"].endswith("| %.1f |" % floors[1])
+    # Every check costs the playbook more than the floor: its module runs and tasks around the same work.
+    for name in ("image's contract probe (GPU smoke)", "model's proof on every node", "collective across every GPU"):
+        playbook, floor = (float(cell) for cell in rows[name].strip("| ").split(" | ")[1:])
+        assert playbook > floor, rows[name]
+    assert report.stages_section([{"playbook": r["playbook"], "floor": {"rc": 1}} for r in rounds]) == []
