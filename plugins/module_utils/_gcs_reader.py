@@ -232,15 +232,25 @@ def shortfalls(alive, pending, until):
     """What keeps a cluster from being ready, as short phrases; empty when it is.
 
     alive: the alive nodes ({"node_ip", "resources"}); pending: nodes being launched;
-    until: what is expected, {"ips": [...], "nodes": N, "gpus": G}, each optional.
-    The one rule of readiness: the reader's wait, the facts module and the benchmark use it.
+    until: what is expected, {"ips": [...], "nodes": N, "gpus": G, "absent": [...]}, each optional; "absent" are
+    addresses that no alive node may have (a worker about to start again, whose old Ray node must be declared dead
+    first). The one rule of readiness: the reader's wait, the facts module, the supervisor and the benchmark use it.
     """
     until = until or {}
     phrases = []
-    alive_ips = set(node["node_ip"] for node in alive)
+    seen = [node["node_ip"] for node in alive]
+    alive_ips = set(seen)
     missing = [ip for ip in until.get("ips") or [] if ip not in alive_ips]
     if missing:
         phrases.append("missing node(s) %s" % ", ".join(missing))
+    # A worker whose Ray restarted is listed twice until the GCS declares its old node dead (its health checks take
+    # about 15 s): its GPU is counted twice, and a placement group may be given the old node.
+    twice = sorted(set(ip for ip in seen if seen.count(ip) > 1))
+    if twice:
+        phrases.append("node(s) %s listed twice (an old Ray node not yet declared dead)" % ", ".join(twice))
+    stale = [ip for ip in until.get("absent") or [] if ip in alive_ips]
+    if stale:
+        phrases.append("node(s) %s still listed alive (an old Ray node not yet declared dead)" % ", ".join(stale))
     if until.get("nodes") is not None and len(alive) < until["nodes"]:
         phrases.append("%d of %d expected node(s) alive" % (len(alive), until["nodes"]))
     if pending:

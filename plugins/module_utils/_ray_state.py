@@ -194,10 +194,11 @@ def _ip_key(ip):
         return (1, (), str(ip))
 
 
-def unmet_conditions(facts, expected_node_ips=None, expected_nodes=None, expected_gpus=None):
+def unmet_conditions(facts, expected_node_ips=None, expected_nodes=None, expected_gpus=None, absent_node_ips=None):
     """What keeps the cluster from being ready, as short phrases; empty when ready (the reader's rule)."""
     alive = [node for node in facts["nodes"] if node["alive"]]
-    until = {"ips": expected_node_ips or [], "nodes": expected_nodes, "gpus": expected_gpus}
+    until = {"ips": expected_node_ips or [], "nodes": expected_nodes, "gpus": expected_gpus,
+             "absent": absent_node_ips or []}
     return shortfalls(alive, facts["pending_nodes"], until)
 
 

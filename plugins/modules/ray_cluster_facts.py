@@ -20,8 +20,9 @@ description:
   - The reader asks the GCS over gRPC with Ray's own protocol definitions and does not import the C(ray)
     package itself, which keeps one read at a fraction of a second, several times faster than C(ray status).
   - With O(wait=true) it is the gate of a deployment. It polls until every node of O(expected_node_ips) is
-    alive (or at least O(expected_nodes) nodes are alive), no node is pending and the cluster has at least
-    O(expected_gpus) GPUs. A head container that is not running yet or a GCS that does not answer yet is
+    alive (or at least O(expected_nodes) nodes are alive), no node is pending, no address is listed twice
+    among the alive nodes (an old Ray node not yet declared dead), none of O(absent_node_ips) is alive, and the
+    cluster has at least O(expected_gpus) GPUs. A head container that is not running yet or a GCS that does not answer yet is
     polled again until O(wait_timeout). On timeout the module fails with one message naming the missing
     node addresses, the nodes that are alive and the GPU shortfall, and still returns the facts.
   - While waiting, the reader keeps its process and its connection to the GCS and reads again every
@@ -65,6 +66,16 @@ options:
     description:
       - Number of GPUs, summed over alive nodes, that O(wait) requires.
     type: float
+  absent_node_ips:
+    description:
+      - Addresses that no alive node may have for O(wait) to succeed.
+      - For a worker whose Ray container stopped and is about to start again, while the GCS may still list its old
+        Ray node as alive (its health checks take about 15 seconds to declare a node dead). A new Ray node that
+        registers at the same address before then can be left without its GPUs in the GCS's view, so that no
+        placement group that needs them is ever placed.
+    type: list
+    elements: str
+    default: []
   wait_timeout:
     default: 300
   wait_sleep:
@@ -296,7 +307,8 @@ class RayClusterReader(object):
         until = None
         if remaining is not None:
             until = dict(ips=self.params["expected_node_ips"], nodes=self.params["expected_nodes"] or 0,
-                         gpus=self.params["expected_gpus"] or 0, interval=self.params["wait_sleep"],
+                         gpus=self.params["expected_gpus"] or 0, absent=self.params["absent_node_ips"],
+                         interval=self.params["wait_sleep"],
                          # Leave time to report before the deadline.
                          **{"for": max(remaining - 2 * rpc_timeout, 0)})
         argv = _ray_state.reader_argv(
@@ -320,6 +332,7 @@ def main():
         expected_node_ips=dict(type="list", elements="str", default=[]),
         expected_nodes=dict(type="int"),
         expected_gpus=dict(type="float"),
+        absent_node_ips=dict(type="list", elements="str", default=[]),
         wait=dict(type="bool", default=False),
         wait_timeout=dict(type="int", default=300),
         wait_sleep=dict(type="float", default=0.5),
@@ -337,6 +350,7 @@ def main():
         expected_node_ips=params["expected_node_ips"],
         expected_nodes=params["expected_nodes"],
         expected_gpus=params["expected_gpus"],
+        absent_node_ips=params["absent_node_ips"],
     )
 
     def is_ready(result):

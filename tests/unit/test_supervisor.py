@@ -58,6 +58,15 @@ def test_the_gate_is_the_nodes_addresses_and_gpus_the_deploy_saw():
     assert len(unread) == 1 and "UNAVAILABLE" in unread[0]
 
 
+def test_a_worker_listed_twice_keeps_the_server_waiting():
+    # Its Ray restarted at once: the GCS lists the new node and the old one it has not declared dead yet.
+    two = {"ips": ["10.220.0.11", "10.220.0.12"], "nodes": 2, "gpus": 2.0}
+    document = read("ray_2node_listed_twice")
+    assert supervisor.shortfalls(document, two) == ["node(s) 10.220.0.12 listed twice (an old Ray node not yet declared dead)"]
+    actions, gang = supervisor.decide_head(container("running"), container("killed"), True, document, two, None)
+    assert actions[0][:2] == ("wait", "gate") and gang is None
+
+
 def test_a_node_that_left_or_rejoined_breaks_the_gang_the_server_started_with():
     gang = supervisor.members(read("ray_3node_alive"))
     assert sorted(gang) == THREE["ips"]

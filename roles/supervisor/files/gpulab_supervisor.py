@@ -118,12 +118,6 @@ def shortfalls(document, expect, silent=()):
         return [document["error"].get("message") or "the GCS could not be read"]
     nodes = alive(document)
     phrases = []
-    # A worker whose Ray restarted is listed twice until the GCS declares its old node dead: not settled yet, and a
-    # server started now could place a rank on the old one.
-    seen = [node["node_ip"] for node in nodes]
-    twice = sorted(set(ip for ip in seen if seen.count(ip) > 1))
-    if twice:
-        phrases.append("node(s) %s listed twice (an old Ray node not yet declared dead)" % ", ".join(twice))
     if silent:
         phrases.append("raylet(s) at %s do not answer (gone; Ray has not declared them dead yet)" % ", ".join(silent))
     # Nodes started with `ray start` have no launcher: nothing is ever pending.

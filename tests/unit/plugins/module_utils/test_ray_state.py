@@ -225,6 +225,15 @@ def test_reader_script_reports_a_missing_ray_as_json(how):
     ("ray-2.53.0_2node_alive", {"ips": ["10.220.0.11", "10.220.0.12"], "nodes": 2, "gpus": 2}, []),
     ("ray-2.53.0_2node_head_only", {"ips": ["10.220.0.11", "10.220.0.12"], "nodes": 2, "gpus": 2},
      ["missing node(s) 10.220.0.12", "1 of 2 expected node(s) alive", "GPUs 1 of 2 expected"]),
+    # A worker restarted at once: three alive nodes and three GPUs, but one address twice.
+    ("ray_2node_listed_twice", {"ips": ["10.220.0.11", "10.220.0.12"], "nodes": 2, "gpus": 2},
+     ["node(s) 10.220.0.12 listed twice (an old Ray node not yet declared dead)"]),
+    # A worker about to start again waits for its address to leave the alive nodes.
+    ("ray_2node_alive", {"absent": ["10.220.0.12"]},
+     ["node(s) 10.220.0.12 still listed alive (an old Ray node not yet declared dead)"]),
+    ("ray_3node_one_dead", {"absent": ["10.220.0.13"]}, []),
+    ("ray_3node_rejoined", {"absent": ["10.220.0.13"]},
+     ["node(s) 10.220.0.13 still listed alive (an old Ray node not yet declared dead)"]),
 ])
 def test_one_readiness_rule_for_the_reader_and_the_facts(name, until, phrases):
     """The reader's wait and the facts module judge a recorded reading by the same rule, in the same words."""
@@ -232,7 +241,8 @@ def test_one_readiness_rule_for_the_reader_and_the_facts(name, until, phrases):
     alive = _gcs_reader.alive_nodes(snapshot["nodes"])
     assert _gcs_reader.shortfalls(alive, _gcs_reader.pending_count(snapshot.get("autoscaler_status")), until) == phrases
     facts = _ray_state.build_facts(snapshot, until.get("ips"))
-    assert _ray_state.unmet_conditions(facts, until.get("ips"), until.get("nodes"), until.get("gpus")) == phrases
+    assert _ray_state.unmet_conditions(facts, until.get("ips"), until.get("nodes"), until.get("gpus"),
+                                       until.get("absent")) == phrases
 
 
 @pytest.mark.parametrize("situation", ["2node_alive", "2node_head_only"])
