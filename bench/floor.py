@@ -156,7 +156,8 @@ def wait_port(node: benchlib.Node, address: str, poll: float, timeout: float) ->
 
 def wait_cluster(head: benchlib.Node, container: str, expect: dict, reader: str, poll: float, timeout: float) -> dict:
     # The collection's reader waits by itself, judging by its own rule, as the gate does.
-    until = {"ips": [], "nodes": expect["nodes"], "gpus": expect["gpus"], "interval": poll, "for": timeout}
+    # The gate's own raylet knock too (its default grace), so that the floor does the checks the playbook does.
+    until = {"ips": [], "nodes": expect["nodes"], "gpus": expect["gpus"], "interval": poll, "for": timeout, "raylet_grace": 10}
     # The head's address, as the gate gives it: the reader need not wait for the head to write its own record.
     proc = benchlib.docker(head, "exec", container, "python3", "-c", reader, expect["gcs_address"], "2", json.dumps(until),
                            check=False, timeout=timeout + 60)

@@ -63,7 +63,9 @@ def run(argv: list[str], timeout: float = 60) -> dict:
 
 def record_ray(args: argparse.Namespace) -> dict:
     docker = ["docker", "-H", args.docker_host]
-    reader = _ray_state.reader_argv("python3", args.gcs_address, 5.0, docker_cli="docker", container=args.container)
+    until = json.loads(args.until) if args.until else None
+    reader = _ray_state.reader_argv("python3", args.gcs_address, 5.0, docker_cli="docker", container=args.container,
+                                    until=until)
     # reader_argv starts with the docker CLI name; point it at the node's daemon.
     exec_env = [item for pair in args.exec_env for item in ("-e", pair)]
     reader_run = run(docker + reader[1:2] + exec_env + reader[2:])
@@ -73,8 +75,9 @@ def record_ray(args: argparse.Namespace) -> dict:
         "name": args.name,
         "recorded_at": now(),
         "situation": args.situation,
-        "command": "docker exec %s%s python3 -c <_gcs_reader.py> %s 5" % (
-            "".join("-e %s " % pair for pair in args.exec_env), args.container, args.gcs_address),
+        "command": "docker exec %s%s python3 -c <_gcs_reader.py> %s 5%s" % (
+            "".join("-e %s " % pair for pair in args.exec_env), args.container, args.gcs_address,
+            " '%s'" % json.dumps(until, sort_keys=True) if until else ""),
         "reader_run": reader_run,
         "ray_status_run": status_run,
     }
@@ -289,6 +292,8 @@ def main(argv: list[str]) -> int:
     ray.add_argument("--gcs-address", default="auto")
     ray.add_argument("--situation", required=True, help="what the lab looked like, in words")
     ray.add_argument("--no-ray-status", dest="ray_status", action="store_false")
+    ray.add_argument("--until", help="the reader's wait, as JSON (ips, nodes, gpus, absent, raylet_grace, interval, for), "
+                                     "as ray_cluster_facts passes it")
     ray.add_argument("--exec-env", action="append", default=[], metavar="KEY=VALUE",
                      help="environment of the reader's docker exec, e.g. to take a token away")
     vllm = sub.add_parser("vllm")

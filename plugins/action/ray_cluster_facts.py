@@ -29,11 +29,18 @@ def _progress(result):
     return seen
 
 
+def _carry(result):
+    # Since when each node's raylet has been silent to the head: the next slice goes on counting from there.
+    cluster = (result.get("ansible_facts") or {}).get("ray_cluster") or {}
+    return {"silent": dict((raylet["node_id"], raylet["silent_since"]) for raylet in cluster.get("unreachable_raylets") or []
+                           if raylet.get("silent_since") is not None)}
+
+
 class ActionModule(ActionBase):
     _supports_check_mode = True
     _supports_async = False
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
-        result.update(run_in_slices(self, task_vars or {}, 300, _describe, _progress))
+        result.update(run_in_slices(self, task_vars or {}, 300, _describe, _progress, carry=_carry))
         return result

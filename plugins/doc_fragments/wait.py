@@ -40,7 +40,8 @@ options:
     default: 30
   wait_resume:
     description:
-      - What earlier slices of the same wait spent, C(elapsed) seconds and C(polls); set by the action plugin so that
-        the result and its message count the whole wait. Not for playbooks.
+      - What earlier slices of the same wait spent, C(elapsed) seconds and C(polls), and what they saw that the next
+        slice must know (for M(gpulab.vllm.ray_cluster_facts), C(silent), since when each node's raylet has been silent
+        to the head); set by the action plugin so that the result and its message count the whole wait. Not for playbooks.
     type: dict
 """

@@ -126,6 +126,7 @@ def node_record(info):
         "node_ip": info.node_manager_address,
         # Where the node's raylet listens: a raylet that stopped answering here is gone before the GCS says so.
         "node_manager_port": info.node_manager_port,
+        "object_manager_port": info.object_manager_port,
         "node_name": info.node_name,
         "state": enum_name(info, "state"),
         "is_head": bool(info.is_head_node),
@@ -164,19 +165,59 @@ def main(argv):
         response_deserializer=gcs_service_pb2.InternalKVGetReply.FromString)
     until = json.loads(argv[3]) if len(argv) > 3 and argv[3] else None
     polls = 0
+    # Since when (epoch seconds) each node's raylet has been silent, as earlier reads of the same wait saw it: a wait
+    # runs in slices, each its own reader.
+    silent_since = dict((node_id, float(since)) for node_id, since in ((until or {}).get("silent") or {}).items())
     while True:
         polls += 1
         document = read_once(grpc, gcs_service_pb2, get_all_nodes, kv_get, metadata, rpc_timeout, address, version)
         document["polls"] = polls
         if until is None:
             emit(document)
+        grace = until.get("raylet_grace") or 0
+        if grace > 0 and not document.get("error"):
+            document["blocked"] = knock_raylets(alive_nodes(document["nodes"]), silent_since, grace)
         left = until["for"] - (time.monotonic() - _STARTED[0])
         kind = (document.get("error") or {}).get("kind")
         document["ready"] = not document.get("error") and not shortfalls(
             alive_nodes(document["nodes"]), pending_count(document.get("autoscaler_status")), until)
-        if kind == "auth" or left < until["interval"] or document["ready"]:
+        if kind == "auth" or left < until["interval"] or document["ready"] or document.get("blocked"):
             emit(document)
         time.sleep(until["interval"])
+
+
+def knock_raylets(alive, silent_since, grace):
+    """TCP-connect from here (the head's host) to each alive node's raylet, as the GCS and the head's workers must.
+
+    Sets each node's "raylet_error" (None when it answered) and, while it is silent, since when (epoch seconds, from
+    silent_since: node ID -> epoch, which it keeps up to date) and for how long. A refused port is a raylet gone that the GCS will soon
+    declare dead: only a shortfall. A port that stays silent otherwise (timed out, unreachable), as behind a firewall
+    that drops the head's packets, blocks the cluster for good once it lasts `grace` seconds: returns those nodes."""
+    import socket
+
+    blocked = []
+    for node in alive:
+        port = node.get("node_manager_port")
+        if not port:
+            continue
+        tried = time.time()
+        error = None
+        try:
+            socket.create_connection((node["node_ip"], port), min(1.0, grace)).close()
+        except socket.timeout:
+            error = "timed out"
+        except (OSError, socket.error) as exc:
+            error = getattr(exc, "strerror", None) or str(exc)
+        node["raylet_error"] = error
+        if error is None or error == "Connection refused":
+            silent_since.pop(node["node_id"], None)
+            continue
+        first = silent_since.setdefault(node["node_id"], tried)
+        node["raylet_silent_since"] = first
+        node["raylet_silent_s"] = round(time.time() - first, 1)
+        if time.time() - first >= grace:
+            blocked.append(node["node_id"])
+    return blocked
 
 
 def read_once(grpc, gcs_service_pb2, get_all_nodes, kv_get, metadata, rpc_timeout, address, version):
@@ -251,6 +292,11 @@ def shortfalls(alive, pending, until):
     stale = [ip for ip in until.get("absent") or [] if ip in alive_ips]
     if stale:
         phrases.append("node(s) %s still listed alive (an old Ray node not yet declared dead)" % ", ".join(stale))
+    # A reader document's node has its port; a node of the facts module, the raylet's address.
+    silent = ["%s (%s)" % (node.get("raylet_address") or "%s:%s" % (node["node_ip"], node.get("node_manager_port")),
+                           node["raylet_error"]) for node in alive if node.get("raylet_error")]
+    if silent:
+        phrases.append("raylet(s) at %s do not answer from the head" % ", ".join(silent))
     if until.get("nodes") is not None and len(alive) < until["nodes"]:
         phrases.append("%d of %d expected node(s) alive" % (len(alive), until["nodes"]))
     if pending:

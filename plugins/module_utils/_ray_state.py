@@ -154,6 +154,11 @@ def build_facts(snapshot, expected_node_ips=None, waited=False, elapsed=0.0, pol
             "resources": _public_resources(raw.get("resources") or {}),
             "death_reason": raw.get("death_reason"),
             "death_message": raw.get("death_message"),
+            # Set only by a wait with raylet_grace: what a TCP connect from the head to the node's raylet met.
+            "raylet_error": raw.get("raylet_error"),
+            "raylet_address": "%s:%s" % (raw["node_ip"], raw["node_manager_port"]) if raw.get("node_manager_port") else None,
+            "raylet_silent_s": raw.get("raylet_silent_s"),
+            "raylet_silent_since": raw.get("raylet_silent_since"),
         })
     # Alive first, head first, then by address, so output is stable.
     nodes.sort(key=lambda n: (not n["alive"], not n["is_head"], _ip_key(n["node_ip"]), n["node_id"]))
@@ -173,6 +178,11 @@ def build_facts(snapshot, expected_node_ips=None, waited=False, elapsed=0.0, pol
         "missing_node_ips": [ip for ip in expected if ip not in alive_ips],
         "unexpected_node_ips": sorted((alive_ips - set(expected)) if expected else set(), key=_ip_key),
         "failures": _failures(nodes, snapshot.get("autoscaler_status")),
+        "unreachable_raylets": [
+            {"node_id": n["node_id"], "node_ip": n["node_ip"], "address": n["raylet_address"], "error": n["raylet_error"],
+             "silent_s": n["raylet_silent_s"], "silent_since": n["raylet_silent_since"],
+             "blocked": n["node_id"] in (snapshot.get("blocked") or [])}
+            for n in nodes if n["alive"] and n["raylet_error"]],
         "wait": {"waited": bool(waited), "elapsed": round(float(elapsed), 3), "polls": int(polls)},
     }
     return facts
@@ -184,7 +194,8 @@ def empty_facts(gcs_address, expected_node_ips=None, waited=False, elapsed=0.0, 
 
 
 def _without_death_details(node):
-    return dict((k, v) for k, v in node.items() if k not in ("death_reason", "death_message"))
+    return dict((k, v) for k, v in node.items()
+                if k not in ("death_reason", "death_message", "raylet_silent_s", "raylet_silent_since"))
 
 
 def _ip_key(ip):
@@ -200,6 +211,16 @@ def unmet_conditions(facts, expected_node_ips=None, expected_nodes=None, expecte
     until = {"ips": expected_node_ips or [], "nodes": expected_nodes, "gpus": expected_gpus,
              "absent": absent_node_ips or []}
     return shortfalls(alive, facts["pending_nodes"], until)
+
+
+def blocked_message(facts, where):
+    """One line for a wait that ended because a node's raylet stays silent to the head: it will never join."""
+    blocked = [r for r in facts["unreachable_raylets"] if r["blocked"]]
+    return ("Ray cluster at %s (%s): node(s) %s registered, but the head cannot reach their raylet (%s); a firewall "
+            "between them drops Ray's node ports, and no task or placement group can use them: let the head reach "
+            "each node's Ray ports on the fabric" % (
+                facts.get("gcs_address"), where, ", ".join(r["node_ip"] for r in blocked),
+                "; ".join("%s %s for %ss" % (r["address"], r["error"], _number(r["silent_s"] or 0)) for r in blocked)))
 
 
 def describe_alive(facts):

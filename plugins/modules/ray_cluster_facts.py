@@ -76,6 +76,16 @@ options:
     type: list
     elements: str
     default: []
+  raylet_grace:
+    description:
+      - With O(wait), each read also opens a TCP connection from the reader's host (the head's) to every alive
+        node's raylet, as the GCS and the head's own tasks must. An alive node whose raylet refuses is one Ray is
+        about to declare dead, and the wait goes on. One whose raylet stays silent otherwise (timed out, unreachable)
+        for this many seconds, as behind a firewall that drops the head's packets to Ray's ports, ends the wait at
+        once with a failure naming it (it registered, but nothing can be scheduled on it).
+      - V(0) leaves the raylets untried.
+    type: float
+    default: 0
   wait_timeout:
     default: 300
   wait_sleep:
@@ -188,6 +198,14 @@ ansible_facts:
             resources:
               description: Total resources of the node (C(CPU), C(GPU), C(memory), C(object_store_memory) and custom ones).
               type: dict
+            raylet_error:
+              description:
+                - With O(raylet_grace), what a TCP connection from the head to the node's raylet met (for example
+                  V(timed out)); null when it answered or was not tried.
+              type: str
+            raylet_address:
+              description: The node's raylet, C(host:port), as the GCS lists it.
+              type: str
           sample:
             - node_id: 9d5b4a67115f1fcd08c752536243db0308e91a4293dc686f85049aa1
               node_ip: 10.220.0.11
@@ -245,6 +263,34 @@ ansible_facts:
               node_ip: 10.220.0.13
               reason: UNEXPECTED_TERMINATION
               message: health check failed due to missing too many heartbeats
+        unreachable_raylets:
+          description: With O(raylet_grace), the alive nodes whose raylet did not answer the head's last try.
+          type: list
+          elements: dict
+          returned: always
+          contains:
+            node_id:
+              description: Ray node ID (hex).
+              type: str
+            node_ip:
+              description: Address of the node.
+              type: str
+            address:
+              description: The raylet's C(host:port).
+              type: str
+            error:
+              description: What the connection met, for example V(timed out) or V(Connection refused).
+              type: str
+            silent_s:
+              description: Seconds it has been silent (not counted for a refusal).
+              type: float
+            silent_since:
+              description: Since when it has been silent, in seconds since the epoch on the head's clock.
+              type: float
+            blocked:
+              description: Whether it stayed silent for O(raylet_grace) seconds, which ended the wait.
+              type: bool
+          sample: []
         wait:
           description: What reading cost.
           type: dict
@@ -288,6 +334,8 @@ class RayClusterReader(object):
             self.where = "host %s" % self.host
             self.docker = None
         self.reads = 0
+        # node ID -> since when (epoch) its raylet has been silent to the head, carried from read to read and slice to slice.
+        self.silent = dict((self.params["wait_resume"] or {}).get("silent") or {})
 
     def _docker_path(self):
         path = self.module.get_bin_path(self.params["docker_cli"])
@@ -308,6 +356,7 @@ class RayClusterReader(object):
         if remaining is not None:
             until = dict(ips=self.params["expected_node_ips"], nodes=self.params["expected_nodes"] or 0,
                          gpus=self.params["expected_gpus"] or 0, absent=self.params["absent_node_ips"],
+                         raylet_grace=self.params["raylet_grace"], silent=self.silent,
                          interval=self.params["wait_sleep"],
                          # Leave time to report before the deadline.
                          **{"for": max(remaining - 2 * rpc_timeout, 0)})
@@ -321,6 +370,8 @@ class RayClusterReader(object):
             self.reads += 1
             return None, exc
         self.reads += snapshot.get("polls") or 1
+        self.silent = dict((node["node_id"], node["raylet_silent_since"]) for node in snapshot.get("nodes") or []
+                           if node.get("raylet_silent_since") is not None)
         return snapshot, None
 
 
@@ -333,6 +384,7 @@ def main():
         expected_nodes=dict(type="int"),
         expected_gpus=dict(type="float"),
         absent_node_ips=dict(type="list", elements="str", default=[]),
+        raylet_grace=dict(type="float", default=0),
         wait=dict(type="bool", default=False),
         wait_timeout=dict(type="int", default=300),
         wait_sleep=dict(type="float", default=0.5),
@@ -361,8 +413,12 @@ def main():
         facts = _ray_state.build_facts(snapshot, params["expected_node_ips"])
         return not _ray_state.unmet_conditions(facts, **expectations)
 
+    def is_hopeless(result):
+        # A raylet the head cannot reach for raylet_grace seconds: the node will not serve, however long the wait.
+        return result[0] is not None and bool(result[0].get("blocked"))
+
     outcome = poll_until(reader.read, is_ready, params["wait"], params["wait_timeout"], params["wait_sleep"],
-                         resume=params["wait_resume"])
+                         is_hopeless=is_hopeless, resume=params["wait_resume"])
     snapshot, error = outcome.value
     wait_info = dict(waited=outcome.waited, elapsed=outcome.elapsed, polls=max(reader.reads, outcome.polls))
 
@@ -378,6 +434,8 @@ def main():
         module.fail_json(msg=msg, ansible_facts=dict(ray_cluster=facts))
 
     facts = _ray_state.build_facts(snapshot, params["expected_node_ips"], **wait_info)
+    if params["wait"] and not outcome.ready and snapshot.get("blocked"):
+        module.fail_json(msg=_ray_state.blocked_message(facts, reader.where), ansible_facts=dict(ray_cluster=facts))
     if params["wait"] and not outcome.ready:
         unmet = _ray_state.unmet_conditions(facts, **expectations)
         module.fail_json(msg=_ray_state.not_ready_message(facts, unmet, reader.where),

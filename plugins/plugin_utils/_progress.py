@@ -28,12 +28,13 @@ def _number(value, default):
         return float(default)
 
 
-def run_in_slices(action, task_vars, default_timeout, describe, progress, advance=None, stalled=None):
+def run_in_slices(action, task_vars, default_timeout, describe, progress, advance=None, stalled=None, carry=None):
     """The module's result, waited for in slices with a progress line between them.
 
     describe(args): what the wait is for; progress(result): what the last slice saw (one line). advance(result),
     when given, is what must change for the wait to count as advancing; with args' stall_timeout above 0, a wait
-    whose advance() has not changed for that long ends failed, with stalled(result, seconds) as its message."""
+    whose advance() has not changed for that long ends failed, with stalled(result, seconds) as its message.
+    carry(result), when given, is what the next slice must know of the last one (a dict, added to wait_resume)."""
     args = dict(action._task.args)
     module = action._task.resolved_action or action._task.action
     interval = _number(args.get("progress_interval", 30), 30)
@@ -45,14 +46,17 @@ def run_in_slices(action, task_vars, default_timeout, describe, progress, advanc
     started = time.monotonic()
     polls = 0
     seen, since = None, started
+    carried = {}
     while True:
         remaining = timeout - (time.monotonic() - started)
         share = max(1, int(math.ceil(min(interval, remaining))))
-        args.update(wait_timeout=share, wait_resume={"elapsed": round(time.monotonic() - started, 3), "polls": polls})
+        resume = dict(carried, elapsed=round(time.monotonic() - started, 3), polls=polls)
+        args.update(wait_timeout=share, wait_resume=resume)
         called = time.monotonic()
         result = action._execute_module(module_name=module, module_args=args, task_vars=task_vars)
         took = time.monotonic() - called
         polls = _polls(result, polls)
+        carried = carry(result) if carry is not None else {}
         waited = time.monotonic() - started
         if not result.get("failed") or took < 0.9 * share or waited >= timeout - 0.5:
             return result

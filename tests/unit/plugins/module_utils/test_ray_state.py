@@ -286,3 +286,47 @@ def test_missing_or_wrong_token_is_a_permanent_auth_error(name):
     assert caught.value.message == (
         WHERE + ": GCS at 10.220.0.11:6380 answered UNAUTHENTICATED: InvalidAuthToken: "
         "Authentication token is missing or incorrect")
+
+
+def test_the_head_knocks_on_each_raylet_and_a_refusal_only_waits():
+    """knock_raylets on loopback, real sockets: a listening raylet answers; a closed port refuses, which is a raylet
+    Ray is about to declare dead, so it is a shortfall but never blocks, however long it lasts."""
+    import socket  # noqa: PLC0415
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(4)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    try:
+        alive = [{"node_id": "a", "node_ip": "127.0.0.1", "node_manager_port": listening.getsockname()[1], "resources": {}},
+                 {"node_id": "b", "node_ip": "127.0.0.1", "node_manager_port": closed_port, "resources": {}}]
+        silent_since = {}
+        # A grace of 0.001 s: a silence that blocks would block at once.
+        assert _gcs_reader.knock_raylets(alive, silent_since, 0.001) == []
+        assert alive[0]["raylet_error"] is None
+        assert alive[1]["raylet_error"] == "Connection refused" and silent_since == {}
+        assert _gcs_reader.shortfalls(alive[1:], 0, {}) == [
+            "raylet(s) at 127.0.0.1:%d (Connection refused) do not answer from the head" % closed_port]
+    finally:
+        listening.close()
+
+
+def test_a_raylet_the_head_cannot_reach_ends_the_wait_naming_it():
+    """Recorded on the lab: node2 alive in the GCS, the head's packets to its Ray ports dropped; the reader, waiting as
+    the gate does with raylet_grace 3, ended blocked. The facts and the message name the node and its raylet."""
+    snapshot = snapshot_of("ray_2node_raylet_blocked")
+    assert snapshot["ready"] is False and len(snapshot["blocked"]) == 1
+    facts = _ray_state.build_facts(snapshot, ["10.220.0.11", "10.220.0.12"])
+    [raylet] = facts["unreachable_raylets"]
+    assert raylet["node_ip"] == "10.220.0.12" and raylet["blocked"] and raylet["error"] == "timed out"
+    assert raylet["address"] == "10.220.0.12:6381" and raylet["silent_s"] >= 3
+    assert _ray_state.unmet_conditions(facts, ["10.220.0.11", "10.220.0.12"], 2, 2) == [
+        "raylet(s) at 10.220.0.12:6381 (timed out) do not answer from the head"]
+    message = _ray_state.blocked_message(facts, WHERE)
+    assert "node(s) 10.220.0.12 registered, but the head cannot reach their raylet (10.220.0.12:6381 timed out for" in message
+    # The same document, read without the knock (as every fixture before it): nothing is unreachable.
+    plain = _ray_state.build_facts(snapshot_of("ray_2node_alive"), ["10.220.0.11", "10.220.0.12"])
+    assert plain["unreachable_raylets"] == [] and not _ray_state.unmet_conditions(plain, ["10.220.0.11", "10.220.0.12"], 2, 2)
