@@ -41,6 +41,29 @@ def _connect(url, timeout):
     return http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout)
 
 
+class _Hasher:
+    """sha256 on a thread of its own beside one stream: hashlib lets go of the GIL while it hashes a chunk, so the
+    stream receives and writes the next chunk meanwhile and is bound by the slower of the two, not by their sum."""
+
+    def __init__(self, digest):
+        self.digest = digest
+        self.chunks = queue.Queue(maxsize=16)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        for chunk in iter(self.chunks.get, None):
+            self.digest.update(chunk)
+
+    def update(self, chunk):
+        self.chunks.put(chunk)
+
+    def close(self):
+        self.chunks.put(None)
+        self.thread.join()
+        return self.digest
+
+
 class Copier:
     def __init__(self, dest, base_url, token, files, streams=4, deadline=None, timeout=30.0):
         self.dest, self.base_url, self.token = dest, base_url.rstrip("/"), token
@@ -104,6 +127,7 @@ class Copier:
                     self.resumed += have
         if have < entry["size"]:
             conn, response = self._get(rel, have)
+            hasher = _Hasher(digest)
             try:
                 with open(part, "ab") as out:
                     while have < entry["size"]:
@@ -115,11 +139,12 @@ class Copier:
                         if not chunk:
                             raise CopyError("the copy at %s ended %s after %d of %d bytes" % (self.base_url, rel, have, entry["size"]))
                         out.write(chunk)
-                        digest.update(chunk)
+                        hasher.update(chunk)
                         have += len(chunk)
                         with self.lock:
                             self.received += len(chunk)
             finally:
+                hasher.close()
                 conn.close()
         found = digest.hexdigest()
         if entry.get("sha256") and found != entry["sha256"]:
