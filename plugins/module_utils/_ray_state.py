@@ -213,13 +213,18 @@ def unmet_conditions(facts, expected_node_ips=None, expected_nodes=None, expecte
     return shortfalls(alive, facts["pending_nodes"], until)
 
 
-def blocked_message(facts, where):
-    """One line for a wait that ended because a node's raylet stays silent to the head: it will never join."""
+def blocked_message(facts, where, names=None):
+    """One line for a wait that ended because a node's raylet stays silent to the head: it will never join.
+    names maps a node's address to the name the caller knows it by (an inventory host)."""
+    names = names or {}
     blocked = [r for r in facts["unreachable_raylets"] if r["blocked"]]
-    return ("Ray cluster at %s (%s): node(s) %s registered, but the head cannot reach their raylet (%s); a firewall "
-            "between them drops Ray's node ports, and no task or placement group can use them: let the head reach "
-            "each node's Ray ports on the fabric" % (
-                facts.get("gcs_address"), where, ", ".join(r["node_ip"] for r in blocked),
+    return ("Ray cluster at %s (%s): %s joined, but the head cannot reach %s (%s): something between them drops "
+            "Ray's ports (a firewall rule on the node or on the way), so nothing can be scheduled there; let the head "
+            "reach each such node's Ray ports on the fabric (its raylet's, and its object manager's beside it)" % (
+                facts.get("gcs_address"), where,
+                ", ".join("%s (%s)" % (names[r["node_ip"]], r["node_ip"]) if names.get(r["node_ip"]) else r["node_ip"]
+                          for r in blocked),
+                "its raylet" if len(blocked) == 1 else "their raylets",
                 "; ".join("%s %s for %ss" % (r["address"], r["error"], _number(r["silent_s"] or 0)) for r in blocked)))
 
 

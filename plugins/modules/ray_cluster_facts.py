@@ -86,6 +86,12 @@ options:
       - V(0) leaves the raylets untried.
     type: float
     default: 0
+  node_names:
+    description:
+      - A name for each node's address (for example the inventory's host names), used in the message a failed
+        O(wait) ends with.
+    type: dict
+    default: {}
   wait_timeout:
     default: 300
   wait_sleep:
@@ -385,6 +391,7 @@ def main():
         expected_gpus=dict(type="float"),
         absent_node_ips=dict(type="list", elements="str", default=[]),
         raylet_grace=dict(type="float", default=0),
+        node_names=dict(type="dict", default={}),
         wait=dict(type="bool", default=False),
         wait_timeout=dict(type="int", default=300),
         wait_sleep=dict(type="float", default=0.5),
@@ -435,7 +442,7 @@ def main():
 
     facts = _ray_state.build_facts(snapshot, params["expected_node_ips"], **wait_info)
     if params["wait"] and not outcome.ready and snapshot.get("blocked"):
-        module.fail_json(msg=_ray_state.blocked_message(facts, reader.where), ansible_facts=dict(ray_cluster=facts))
+        module.fail_json(msg=_ray_state.blocked_message(facts, reader.where, params["node_names"]), ansible_facts=dict(ray_cluster=facts))
     if params["wait"] and not outcome.ready:
         unmet = _ray_state.unmet_conditions(facts, **expectations)
         module.fail_json(msg=_ray_state.not_ready_message(facts, unmet, reader.where),

@@ -326,7 +326,11 @@ def test_a_raylet_the_head_cannot_reach_ends_the_wait_naming_it():
     assert _ray_state.unmet_conditions(facts, ["10.220.0.11", "10.220.0.12"], 2, 2) == [
         "raylet(s) at 10.220.0.12:6381 (timed out) do not answer from the head"]
     message = _ray_state.blocked_message(facts, WHERE)
-    assert "node(s) 10.220.0.12 registered, but the head cannot reach their raylet (10.220.0.12:6381 timed out for" in message
+    assert ": 10.220.0.12 joined, but the head cannot reach its raylet (10.220.0.12:6381 timed out for" in message
+    named = _ray_state.blocked_message(facts, WHERE, {"10.220.0.12": "node2", "10.220.0.11": "node1"})
+    assert ": node2 (10.220.0.12) joined, but the head cannot reach its raylet (10.220.0.12:6381 timed out for" in named
+    assert named.endswith("let the head reach each such node's Ray ports on the fabric (its raylet's, and its object "
+                          "manager's beside it)")
     # The same document, read without the knock (as every fixture before it): nothing is unreachable.
     plain = _ray_state.build_facts(snapshot_of("ray_2node_alive"), ["10.220.0.11", "10.220.0.12"])
     assert plain["unreachable_raylets"] == [] and not _ray_state.unmet_conditions(plain, ["10.220.0.11", "10.220.0.12"], 2, 2)
