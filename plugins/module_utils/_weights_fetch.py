@@ -59,9 +59,9 @@ class _Hasher:
         self.chunks.put(chunk)
 
     def close(self):
+        """Wait until every chunk handed over is hashed."""
         self.chunks.put(None)
         self.thread.join()
-        return self.digest
 
 
 class Copier:
