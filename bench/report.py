@@ -71,6 +71,10 @@ def results_table(results: dict) -> list[str]:
         out.append(_row("1", "time to ready, floor `bench/floor.py` (s)", _field(floor, "wall_s")))
         out.append(_row("1", "ratio playbook / floor, per round", ratios, "<= %.2f" % GOALS["ratio"],
                         bool(ratios) and _median(ratios) <= GOALS["ratio"]))
+        out.append(_row("1", "time to ready, playbook: controller CPU time (s)", _field(playbook, "controller_cpu_s")))
+        out.append(_row("1", "time to ready, playbook: tasks", [r["work"]["tasks"] for r in _ok(playbook) if r.get("work")], digits=0))
+        out.append(_row("1", "time to ready, playbook: module runs on the nodes",
+                        [r["work"]["module_runs"] for r in _ok(playbook) if r.get("work")], digits=0))
         gate = _field(playbook, "gate_reaction_s")
         out.append(_row("2", "gate reaction: last node's Ray start to gate passed, playbook (s)", gate, "<= %.1f" % GOALS["gate"],
                         bool(gate) and _median(gate) <= GOALS["gate"]))
@@ -82,6 +86,9 @@ def results_table(results: dict) -> list[str]:
         out.append(_row("3", "no-op re-run, `deploy_qwen35.yml` on a healthy 2-node cluster (s)", walls, "<= %.0f" % GOALS["noop"],
                         bool(walls) and _median(walls) <= GOALS["noop"]))
         out.append(_row("3", "no-op re-run, tasks changed", changed, "0", bool(changed) and max(changed) == 0, digits=0))
+        out.append(_row("3", "no-op re-run, controller CPU time (s)", _field(noop, "controller_cpu_s")))
+        for key, what in (("tasks", "tasks"), ("module_runs", "module runs on the nodes")):
+            out.append(_row("3", "no-op re-run, %s" % what, [r["work"][key] for r in _ok(noop) if r.get("work")], digits=0))
     scale = results.get("scale") or {}
     base = None
     for nodes in sorted(scale, key=int):

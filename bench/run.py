@@ -23,6 +23,7 @@ import datetime
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -172,18 +173,25 @@ class Bench:
         if extra:
             argv += ["-e", json.dumps(extra)]
         cpu = cpu_times()
+        # The controller's own CPU time (ansible-playbook, its forks and SSH clients; the lab nodes' module runs are
+        # their sshd's children, not these): with the work counts, a measure the machine's load moves far less.
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         launched = time.time()
         started = time.monotonic()
         with open(LOGS / (label + ".log"), "w") as out:
             proc = subprocess.run(argv, cwd=ROOT, env=self.ansible_env(tree, timeline_file), stdout=out, stderr=subprocess.STDOUT,
                                   timeout=PLAYBOOK_TIMEOUT, check=False)
         wall = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        controller_cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
         parsed = timeline.read(timeline_file) if timeline_file.exists() else timeline.parse([])
         result = {
             "label": label, "rc": proc.returncode, "wall_s": round(wall, 3), "launched": launched, "cpu_busy": busy_share(cpu, cpu_times()),
             "changed": parsed["changed"], "failed": parsed["failed"],
             "startup_s": round(parsed["first_event"] - launched, 3) if parsed["first_event"] else None,
             "profile": timeline.task_profile(parsed),
+            "controller_cpu_s": round(controller_cpu, 3),
+            "work": timeline.work(parsed),
         }
         gate_at, gate_host = timeline.result_time(parsed, "gpulab.vllm.ray_cluster_facts")
         if gate_at is not None:
@@ -303,14 +311,17 @@ class Bench:
         tree = tree or self.tree
         label = self._label("floor")
         cpu = cpu_times()
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
         proc = subprocess.run([sys.executable, str(BENCH / "floor.py"), "--spec", str(spec_path), "--collection", str(tree.path)],
                               capture_output=True, text=True, timeout=PLAYBOOK_TIMEOUT, check=False)
         wall = time.monotonic() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        controller_cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
         (LOGS / (label + ".log")).write_text(proc.stdout + proc.stderr)
         out = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {"ok": False, "error": proc.stderr[-300:]}
         result = {"label": label, "rc": proc.returncode, "wall_s": round(wall, 3), "cpu_busy": busy_share(cpu, cpu_times()),
-                  "marks": out.get("marks"), "error": out.get("error")}
+                  "controller_cpu_s": round(controller_cpu, 3), "marks": out.get("marks"), "error": out.get("error")}
         if out.get("ok"):
             gate = out["gate"]
             result["gate_reaction_s"] = round(gate["at"] - self.last_registration(gate["nodes"]), 3)

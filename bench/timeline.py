@@ -71,6 +71,22 @@ def result_time(parsed: dict, action: str, status: str = "ok") -> tuple[float, d
     return None, None
 
 
+# Actions that Ansible runs in the controller's own process: no module run on a node.
+CONTROLLER_ACTIONS = frozenset(
+    "ansible.builtin." + name for name in (
+        "set_fact", "assert", "debug", "fail", "include_tasks", "include_role", "import_role", "import_tasks",
+        "validate_argument_spec", "meta", "add_host", "group_by", "include_vars", "set_stats", "pause"))
+
+
+def work(parsed: dict) -> dict:
+    """What a run did, counted rather than timed: tasks started, host results that were not skipped, and of those the
+    module runs on a node (every action but the controller's own). Unlike wall time, these do not move with the
+    machine's load: a change that removes a module run shows here in every run."""
+    ran = [(t["action"], h) for t in parsed["tasks"] for h in t["hosts"].values() if h.get("status") not in (None, "skipped")]
+    return {"tasks": len(parsed["tasks"]), "host_results": len(ran),
+            "module_runs": sum(1 for action, unused in ran if action not in CONTROLLER_ACTIONS)}
+
+
 def task_profile(parsed: dict) -> list[dict]:
     """Per task: role, name, wall seconds and the slowest host's seconds, in run order."""
     return [{"role": t["role"] or "-", "task": t["task"], "action": t["action"], "duration": t["duration"], "host_max": t["host_max"]}

@@ -52,6 +52,20 @@ def test_timeline_of_a_real_playbook_run(tmp_path):
     assert all(t["duration"] >= 0 for t in parsed["tasks"])
     at, host = timeline.result_time(parsed, "ansible.builtin.command")
     assert at == parsed["tasks"][1]["hosts"]["localhost"]["end"] and host["changed"]
+    # Counted, not timed: three tasks, two that ran, both module runs (the skipped debug would be the controller's).
+    assert timeline.work(parsed) == {"tasks": 3, "host_results": 2, "module_runs": 2}
+
+
+def test_work_counts_on_a_recorded_deploy():
+    parsed = timeline.read(FIXTURES / "deploy_timeline.jsonl")
+    counted = timeline.work(parsed)
+    runs = [t["action"] for t in parsed["tasks"] for h in t["hosts"].values()
+            if h.get("status") != "skipped" and t["action"] not in timeline.CONTROLLER_ACTIONS]
+    assert counted["module_runs"] == len(runs) and counted["tasks"] == len(parsed["tasks"])
+    # The node read on both nodes, the gate's reader, and no set_fact or assert among the module runs.
+    assert runs.count("gpulab.vllm.node_facts") == 2 and "gpulab.vllm.ray_cluster_facts" in runs
+    assert not {"ansible.builtin.set_fact", "ansible.builtin.assert"} & set(runs)
+    assert counted["module_runs"] < counted["host_results"] < 2 * counted["tasks"]
 
 
 def test_container_spec_round_trip():
