@@ -71,6 +71,8 @@ def results_table(results: dict) -> list[str]:
         out.append(_row("1", "time to ready, floor `bench/floor.py` (s)", _field(floor, "wall_s")))
         out.append(_row("1", "ratio playbook / floor, per round", ratios, "<= %.2f" % GOALS["ratio"],
                         bool(ratios) and _median(ratios) <= GOALS["ratio"]))
+        out.append(_row("1", "machine: fixed CPU work timed before each playbook and floor run (s)",
+                        _field(playbook, "calibration_s") + _field(floor, "calibration_s")))
         out.append(_row("1", "time to ready, playbook: controller CPU time (s)", _field(playbook, "controller_cpu_s")))
         out.append(_row("1", "time to ready, playbook: tasks", [r["work"]["tasks"] for r in _ok(playbook) if r.get("work")], digits=0))
         out.append(_row("1", "time to ready, playbook: module runs on the nodes",
@@ -86,6 +88,7 @@ def results_table(results: dict) -> list[str]:
         out.append(_row("3", "no-op re-run, `deploy_qwen35.yml` on a healthy 2-node cluster (s)", walls, "<= %.0f" % GOALS["noop"],
                         bool(walls) and _median(walls) <= GOALS["noop"]))
         out.append(_row("3", "no-op re-run, tasks changed", changed, "0", bool(changed) and max(changed) == 0, digits=0))
+        out.append(_row("3", "machine: fixed CPU work timed before each no-op (s)", _field(noop, "calibration_s")))
         out.append(_row("3", "no-op re-run, controller CPU time (s)", _field(noop, "controller_cpu_s")))
         for key, what in (("tasks", "tasks"), ("module_runs", "module runs on the nodes")):
             out.append(_row("3", "no-op re-run, %s" % what, [r["work"][key] for r in _ok(noop) if r.get("work")], digits=0))

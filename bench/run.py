@@ -67,6 +67,19 @@ def cpu_times() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+def calibration() -> float:
+    """Seconds one core takes for a fixed piece of work (SHA-256 of 256 MiB, then a Python loop): timed just before each
+    run, it shows how fast the shared machine was at that moment, so runs of different hours can be told apart."""
+    started = time.perf_counter()
+    digest, block = hashlib.sha256(), bytes(1 << 20)
+    for _ in range(256):
+        digest.update(block)
+    total = 0
+    for i in range(2_000_000):
+        total += i * i
+    return round(time.perf_counter() - started, 3)
+
+
 def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float | None:
     total = after[1] - before[1]
     return round((after[0] - before[0]) / total, 3) if total else None
@@ -172,6 +185,7 @@ class Bench:
         argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory or tree.inventory), str(tree.path / "playbooks" / name)]
         if extra:
             argv += ["-e", json.dumps(extra)]
+        calibrated = calibration()
         cpu = cpu_times()
         # The controller's own CPU time (ansible-playbook, its forks and SSH clients; the lab nodes' module runs are
         # their sshd's children, not these): with the work counts, a measure the machine's load moves far less.
@@ -191,6 +205,7 @@ class Bench:
             "startup_s": round(parsed["first_event"] - launched, 3) if parsed["first_event"] else None,
             "profile": timeline.task_profile(parsed),
             "controller_cpu_s": round(controller_cpu, 3),
+            "calibration_s": calibrated,
             "work": timeline.work(parsed),
         }
         gate_at, gate_host = timeline.result_time(parsed, "gpulab.vllm.ray_cluster_facts")
@@ -310,6 +325,7 @@ class Bench:
     def floor(self, spec_path: Path, tree: Tree | None = None) -> dict:
         tree = tree or self.tree
         label = self._label("floor")
+        calibrated = calibration()
         cpu = cpu_times()
         children = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.monotonic()
@@ -321,7 +337,8 @@ class Bench:
         (LOGS / (label + ".log")).write_text(proc.stdout + proc.stderr)
         out = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {"ok": False, "error": proc.stderr[-300:]}
         result = {"label": label, "rc": proc.returncode, "wall_s": round(wall, 3), "cpu_busy": busy_share(cpu, cpu_times()),
-                  "controller_cpu_s": round(controller_cpu, 3), "marks": out.get("marks"), "error": out.get("error")}
+                  "controller_cpu_s": round(controller_cpu, 3), "calibration_s": calibrated,
+                  "marks": out.get("marks"), "error": out.get("error")}
         if out.get("ok"):
             gate = out["gate"]
             result["gate_reaction_s"] = round(gate["at"] - self.last_registration(gate["nodes"]), 3)
