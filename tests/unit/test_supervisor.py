@@ -120,6 +120,33 @@ def test_a_worker_waits_for_the_head_then_starts():
     assert supervisor.decide_worker(container("killed"), True, None, "10.220.0.12", None, 30)[0][:2] == ("start", "worker")
 
 
+def test_a_stopped_worker_starts_only_once_the_head_no_longer_lists_its_old_node():
+    killed = container("killed")
+    # Read right after the kill: the GCS still lists node2 alive (Ray has not declared it dead yet).
+    still_listed = supervisor.decide_worker(killed, True, read("ray_2node_alive"), "10.220.0.12", None, 30, 3)
+    assert still_listed[0][:2] == ("wait", "worker") and "10.220.0.12" in still_listed[0][2]
+    # The same, read 6 s after a kill and a start: the old node and the new one, both listed.
+    assert supervisor.decide_worker(killed, True, read("ray_2node_listed_twice"), "10.220.0.12", None, 30, 6)[0][:2] == \
+        ("wait", "worker")
+    # Declared dead (the head alone is alive): start.
+    assert supervisor.decide_worker(killed, True, read("ray-2.53.0_2node_head_only"), "10.220.0.12", None, 30, 20)[0][:2] == \
+        ("start", "worker")
+    # Another node's old entry does not hold this one back.
+    assert supervisor.decide_worker(killed, True, read("ray_2node_alive"), "10.220.0.13", None, 30, 3)[0][:2] == ("start", "worker")
+
+
+def test_a_stopped_worker_that_cannot_read_the_gcs_waits_out_rays_health_checks():
+    killed = container("killed")
+    unreadable = read("ray_gcs_unreachable")
+    assert unreadable.get("error")
+    early = supervisor.decide_worker(killed, True, unreadable, "10.220.0.12", None, 30, 5)
+    assert early[0][:2] == ("wait", "worker") and "could not be read" in early[0][2]
+    assert supervisor.decide_worker(killed, True, None, "10.220.0.12", None, 30, 5)[0][:2] == ("wait", "worker")
+    late = supervisor.OLD_NODE_GRACE + 1
+    assert supervisor.decide_worker(killed, True, unreadable, "10.220.0.12", None, 30, late)[0][:2] == ("start", "worker")
+    assert supervisor.decide_worker(killed, True, None, "10.220.0.12", None, 30, late)[0][:2] == ("start", "worker")
+
+
 def test_a_worker_the_heads_cluster_does_not_list_is_restarted_after_its_grace():
     head_only = read("ray-2.53.0_2node_head_only")
     assert supervisor.decide_worker(container("running"), True, head_only, "10.220.0.12", 10, 30) == []

@@ -6,8 +6,9 @@ or a reboot, without a play.
 One per node, in a container that Docker restarts itself (restart policy unless-stopped), with the node's Docker
 socket. The containers it watches run with no restart policy of their own, so that nothing starts out of order:
 
-* on a worker: its Ray container is started again once the head's GCS port answers; a worker that the head's
-  cluster no longer lists (the head restarted) is restarted at once rather than after Ray's own timeout;
+* on a worker: its Ray container is started again once the head's GCS port answers and the head's GCS no longer
+  lists its old Ray node alive (read from this supervisor's own container); a worker that the head's cluster no
+  longer lists (the head restarted) is restarted at once rather than after Ray's own timeout;
 * on the head: the Ray head first; then the same gate as the deploy (every node's fabric address and every GPU
   alive in Ray, read with the collection's GCS reader in the head container); only then the vLLM server. A server
   whose cluster lost a node it was started with (a worker restarted alone) is stopped and started again through
@@ -46,6 +47,9 @@ EVENTS_KEPT = 30
 BACKOFF_WINDOW = 1800
 # Seconds between two checks that the head's cluster lists a running worker.
 MEMBER_EVERY = 15
+# Seconds a stopped worker waits before it starts again when the head's GCS cannot be read: longer than Ray's health
+# checks take to declare its old node dead (about 15 s with Ray's defaults).
+OLD_NODE_GRACE = 30
 
 
 # --- what a container's state says --------------------------------------------------------------------------------
@@ -192,17 +196,31 @@ def decide_head(head, server, serve, document, expect, started_with, silent=(), 
     return [("start", "server", "gate passed after the server " + why_stopped(server))], members(document)
 
 
-def decide_worker(worker, head_reachable, document, own_ip, running_for, grace):
+def decide_worker(worker, head_reachable, document, own_ip, running_for, grace, stopped_for=None):
     """What a worker's supervisor does next: a list of (action, kind, reason).
 
-    document: a read of the head's cluster from this worker's container (None when not read); own_ip: this
-    node's fabric address; running_for: seconds the worker container has run (None when not running).
+    document: a read of the head's cluster (None when not read): from this worker's container while it runs, from
+    the supervisor's own while it is stopped; own_ip: this node's fabric address; running_for: seconds the worker
+    container has run (None when not running); stopped_for: seconds since it stopped (None when unknown).
+
+    A stopped worker starts again only once the head's GCS lists no alive node at its address: a new Ray node that
+    registers while the old one is still listed (Ray's health checks take about 15 s to declare it dead) can be left
+    without its GPUs in the GCS's view, and then nothing that needs them is ever placed. When the GCS cannot be read,
+    it starts once it has been stopped for OLD_NODE_GRACE seconds, by when Ray has declared the old node dead.
     """
     if worker is None:
         return [("wait", "worker", "the Ray worker container is missing; re-run the deploy")]
     if not worker["running"]:
         if not head_reachable:
             return [("wait", "head", "the head's GCS port does not answer yet")]
+        if document is not None and not document.get("error"):
+            if own_ip in members(document):
+                return [("wait", "worker", "the head's GCS still lists this node's old Ray node alive (%s); "
+                         "starting it again once Ray has declared that node dead" % own_ip)]
+        elif stopped_for is not None and stopped_for < OLD_NODE_GRACE:
+            why = ((document or {}).get("error") or {}).get("message") or "no read"
+            return [("wait", "worker", "the head's GCS could not be read (%s); starting again %ds after the stop, "
+                     "once Ray has declared the old node dead" % (why, OLD_NODE_GRACE))]
         return [("start", "worker", why_stopped(worker))]
     if running_for is not None and running_for >= grace and document is not None and not document.get("error"):
         if own_ip not in members(document):
@@ -442,16 +460,26 @@ class Supervisor(object):
 
     def read_cluster(self, container, wait_for=None):
         """The reader's document, read in `container` (with `wait_for`, it keeps reading until the gate's
-        expectations hold or that many seconds pass); None when the container cannot run it."""
+        expectations hold or that many seconds pass); None when the container cannot run it. Without a container,
+        read in this supervisor's own (the same image, the Ray token mounted as in the Ray containers)."""
         argv = ["python3", "-c", self.reader, self.config["gcs_address"], "5"]
         if wait_for:
             until = dict(self.config["expect"], interval=2, **{"for": wait_for})
             argv.append(json.dumps(until))
         try:
-            out, _code = self.docker.exec_output(container, argv, timeout=(wait_for or 0) + 60)
+            if container is None:
+                proc = subprocess.Popen([sys.executable] + argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                try:
+                    out = proc.communicate(timeout=(wait_for or 0) + 60)[0].decode("utf-8", "replace")
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.communicate()
+                    raise RuntimeError("the reader did not answer within %ds" % ((wait_for or 0) + 60))
+            else:
+                out, _code = self.docker.exec_output(container, argv, timeout=(wait_for or 0) + 60)
             return json.loads(out.strip().splitlines()[-1])
         except (RuntimeError, ValueError, IndexError, OSError, socket.error) as exc:
-            self.say("could not read the cluster in %s: %s" % (container, exc), key="read")
+            self.say("could not read the cluster in %s: %s" % (container or "the supervisor", exc), key="read")
             return None
 
     def probe(self):
@@ -606,6 +634,7 @@ class Supervisor(object):
         head_host, head_port = cfg["gcs_address"].rsplit(":", 1)
         reachable = tcp_open(head_host, int(head_port))
         running_for = None
+        stopped_for = None
         document = None
         if worker is not None and worker["running"]:
             running_for = time.time() - self.started_at(raw)
@@ -613,8 +642,12 @@ class Supervisor(object):
             if running_for >= cfg["member_grace"] and time.time() - self.last_member_check >= MEMBER_EVERY:
                 self.last_member_check = time.time()
                 document = self.read_cluster(name)
+        elif worker is not None and reachable:
+            # Before a start: does the head's GCS still list this node's old Ray node?
+            stopped_for = time.time() - self.finished_at(raw)
+            document = self.read_cluster(None)
         for action, kind, reason in decide_worker(worker, reachable, document, cfg["fabric_ip"], running_for,
-                                                  cfg["member_grace"]):
+                                                  cfg["member_grace"], stopped_for):
             if action == "wait":
                 self.phase("waiting", reason)
             elif action in ("start", "restart"):
@@ -627,12 +660,17 @@ class Supervisor(object):
             self.phase("member", "running in the head's cluster")
 
     @staticmethod
-    def started_at(raw):
-        text = ((raw or {}).get("State") or {}).get("StartedAt") or ""
+    def started_at(raw, field="StartedAt"):
+        text = ((raw or {}).get("State") or {}).get(field) or ""
         try:
             return calendar.timegm(time.strptime(text[:19], "%Y-%m-%dT%H:%M:%S"))
         except ValueError:
             return time.time()
+
+    @classmethod
+    def finished_at(cls, raw):
+        """When the container stopped (now when Docker does not say: a container never started)."""
+        return cls.started_at(raw, "FinishedAt")
 
     def may_start(self, name):
         """False (and a line saying when) while a container this supervisor started lately waits out its backoff."""
