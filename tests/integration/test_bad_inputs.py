@@ -160,6 +160,11 @@ CASES = [
      ["must be a list of strings starting with an option"]),
     ("gate-timeout-zero", None, {"gate_timeout": 0}, ["gate_timeout=0", "must be greater than 0"]),
     ("gate-interval-negative", None, {"gate_poll_interval": -1}, ["gate_poll_interval=-1", "must be greater than 0"]),
+    # A setting of the deploy's own, handed to the roles: checked in the preflight as they get it.
+    ("progress-interval-not-a-number", None, {"gpulab_progress_interval": "often"},
+     ["gpulab_progress_interval is \"often\"", "as a number (0 for none)"]),
+    ("client-file-relative", None, {"gpulab_client_env": "lab.env"},
+     ["gpulab_client_env is \"lab.env\"", "give an absolute path (or ~/...)"]),
     ("health-timeout-negative", None, {"vllm_server_health_timeout": -5}, ["health timeout and interval must be greater than 0"]),
     ("ray-token-missing", None, {"ray_cluster_auth_token": ""},
      ["ray_cluster_auth_token on node", "is empty", "ansible-vault encrypt_string", "ray_cluster_auth: false"]),
