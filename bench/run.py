@@ -72,7 +72,7 @@ def calibration() -> float:
     run, it shows how fast the shared machine was at that moment, so runs of different hours can be told apart."""
     started = time.perf_counter()
     digest, block = hashlib.sha256(), bytes(1 << 20)
-    for _ in range(256):
+    for unused in range(256):
         digest.update(block)
     total = 0
     for i in range(2_000_000):
