@@ -75,6 +75,8 @@ class Fault:
     # The deploy repairs this fault instead of failing: then the expectation is a line of the output, not an error.
     repaired: bool = False
     playbook: str = "deploy_qwen35.yml"
+    # Lab images the row needs beyond the Ray and vLLM images (keys of `make lab-up LAB_IMAGES=...`).
+    images: tuple[str, ...] = ()
     # The same fault under the hand flow (bench/handflow.py): how it changes the hand's containers, given what the
     # seed handed the deploy; None when the seed alone makes the fault. `hand_not`: why the row has no hand flow.
     hand_change: Callable | None = None
@@ -161,9 +163,10 @@ def seed_truncated_shard() -> Seeded:
 
 
 def seed_dead_engine() -> Seeded:
-    """The engine's process killed behind the live API process of the server the deploy before started."""
-    process = "VLLM::Worker"
-    benchlib.docker(node("node1"), "exec", "gpulab-vllm", "pkill", "-KILL", "-f", process, check=False)
+    """The engine's process killed behind the live API process of the server the deploy before started. Over Ray the
+    model's ranks are Ray actors in the Ray containers and no VLLM::Worker process runs in the server's container: its
+    engine is VLLM::EngineCore, which drives them. A kill that finds nothing fails the row's seeding, not its verdict."""
+    benchlib.docker(node("node1"), "exec", "gpulab-vllm", "pkill", "-KILL", "-f", "VLLM::EngineCore")
     return Seeded()
 
 
@@ -201,7 +204,7 @@ FAULTS = [
     Fault("ray-versions-differ", "Ray versions that differ", "image",
           [r"Ray versions differ between nodes \(node1=[\d.]+, node2=[\d.]+\)", r"give every node the same image"], ALL,
           "tests/integration/test_bad_inputs.py::test_ray_versions_differ_fails_before_ray_starts", seed_ray_versions_differ,
-          playbook="deploy.yml", hand_change=lambda specs, seeded: handflow.worker_image(seeded.hostvars["node2"]["image_ref"])(specs)),
+          playbook="deploy.yml", images=("vllm-seed",), hand_change=lambda specs, seeded: handflow.worker_image(seeded.hostvars["node2"]["image_ref"])(specs)),
     Fault("image-without-ray", "an image without Ray", "image",
           [r"node1|node2", r"no-ray", r"python3", r"Python 3 with Ray", r"check image_ref"], ALL,
           "tests/integration/test_faults.py::test_fault_is_named[image-without-ray]", seed_image_without_ray,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import timeline
 from benchlib import summary
 
 GOALS = {"ratio": 1.10, "gate": 1.0, "noop": 10.0, "scale": 1.5}
@@ -59,6 +60,29 @@ def machine_lines(results: dict) -> list[str]:
     return lines
 
 
+def own_cost_rows(rounds: list[dict], units: dict | None) -> list[str]:
+    """Ansible's unit costs on this lab (a play's start, a controller task, a skipped task, a module run), and what the
+    playbook's counts cost at them beside what it took over the floor: how close to the floor its counts allow."""
+    if not units or not units.get("samples"):
+        return []
+    per_round = timeline.unit_cost_rounds(units["samples"])
+    costs = timeline.unit_costs(units["samples"])
+    out = [_row("1", "Ansible on this lab: an empty play on both nodes, start to end (s)", per_round["start_s"]),
+           _row("1", "Ansible on this lab: one task in the controller's process (`set_fact`), both nodes (s)",
+                per_round["controller_task_s"], digits=3),
+           _row("1", "Ansible on this lab: one task skipped on both nodes (s)", per_round["skipped_task_s"], digits=3),
+           _row("1", "Ansible on this lab: one module run on both nodes (`command: true`) (s)", per_round["module_run_s"], digits=3)]
+    pairs = [(p["playbook"], p["floor"]) for p in rounds
+             if p.get("playbook", {}).get("rc") == 0 and p.get("floor", {}).get("rc") == 0 and p["playbook"].get("work", {}).get("module_tasks") is not None]
+    if pairs:
+        owns = [timeline.own_cost(playbook["work"], costs) for playbook, unused in pairs]
+        out.append(_row("1", "time to ready, playbook: its tasks by kind at these unit costs (s)", owns))
+        out.append(_row("1", "time to ready, playbook minus floor, per round (s)", [p["wall_s"] - f["wall_s"] for p, f in pairs]))
+        out.append(_row("1", "ratio the playbook's counts allow, per round: (floor + its tasks at unit cost) / floor",
+                        [(f["wall_s"] + own) / f["wall_s"] for (unused, f), own in zip(pairs, owns)]))
+    return out
+
+
 def results_table(results: dict) -> list[str]:
     out = ["| # | measure | median | min | max | n | goal | met |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     ready = results.get("ready")
@@ -77,6 +101,7 @@ def results_table(results: dict) -> list[str]:
         out.append(_row("1", "time to ready, playbook: tasks", [r["work"]["tasks"] for r in _ok(playbook) if r.get("work")], digits=0))
         out.append(_row("1", "time to ready, playbook: module runs on the nodes",
                         [r["work"]["module_runs"] for r in _ok(playbook) if r.get("work")], digits=0))
+        out += own_cost_rows(rounds, ready.get("unit_costs"))
         gate = _field(playbook, "gate_reaction_s")
         out.append(_row("2", "gate reaction: last node's Ray start to gate passed, playbook (s)", gate, "<= %.1f" % GOALS["gate"],
                         bool(gate) and _median(gate) <= GOALS["gate"]))

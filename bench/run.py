@@ -176,13 +176,13 @@ class Bench:
         return env
 
     def playbook(self, name: str, extra: dict | None = None, tree: Tree | None = None, what: str = "",
-                 inventory: Path | None = None) -> dict:
+                 inventory: Path | None = None, path: Path | None = None) -> dict:
         tree = tree or self.tree
         label = self._label("%s-%s" % (what or Path(name).stem, tree.name))
         timeline_file = LOGS / (label + ".jsonl")
         # The callback appends: a file left by an earlier benchmark under the same label must not mix in.
         timeline_file.unlink(missing_ok=True)
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory or tree.inventory), str(tree.path / "playbooks" / name)]
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory or tree.inventory), str(path or tree.path / "playbooks" / name)]
         if extra:
             argv += ["-e", json.dumps(extra)]
         calibrated = calibration()
@@ -381,9 +381,28 @@ class Bench:
         self.results["ready"] = {"warmup": warm, "rounds": []}
         self.save()
         self.results["ready"]["rounds"] = self.side_by_side("deploy_qwen35.yml", None, spec)
+        self.results["ready"]["unit_costs"] = self.unit_costs()
         self.results["images"] = sorted({c["image"] for e in json.loads(spec.read_text())["nodes"] for c in e["containers"]})
         self.results["ray_version"] = benchlib.docker(self.nodes()[0], "exec", "gpulab-ray-head", "ray", "--version").stdout.strip()
         self.save()
+
+    def unit_costs(self) -> dict:
+        """Ansible's own cost per unit on this lab, right after the rounds (the cluster the last deploy left, idle): the
+        plays of timeline.unit_playbooks, in turn, at least three times each, with the deploy's configuration and
+        callbacks. With a run's counts (timeline.work) they say what the playbook's tasks cost whatever they do."""
+        paths = {}
+        for kind, text in timeline.unit_playbooks().items():
+            paths[kind] = LOGS / ("unit-%s.yml" % kind)
+            paths[kind].write_text(text)
+        samples = {kind: [] for kind in paths}
+        for round_index in range(max(self.args.runs, 3)):
+            kinds = list(paths)[round_index % len(paths):] + list(paths)[:round_index % len(paths)]
+            for kind in kinds:
+                run = self.playbook(paths[kind].name, what="unit-" + kind, path=paths[kind])
+                if run["rc"] != 0:
+                    raise RuntimeError("the unit-cost play %s failed; see %s.log" % (kind, LOGS / run["label"]))
+                samples[kind].append(run["wall_s"])
+        return {"samples": samples, "costs": timeline.unit_costs(samples)}
 
     def step_noop(self) -> None:
         """3: re-run on the healthy two-node cluster the last playbook run left."""
@@ -524,8 +543,10 @@ class Bench:
     def step_faults(self) -> None:
         """Each fault class seeded on the lab, the deploy from nothing: seconds to the stop, the line it ended with,
         whether that names the cause and the fix, and nothing started past the failing stage."""
-        self.lab_up(2, "ray vllm")
         wanted = [faults.BY_KEY[key] for key in self.args.faults] if self.args.faults else faults.FAULTS
+        # The seed's image (Ray 2.53) for the row of Ray versions that differ: without it in the lab its tag names no
+        # image, and the deploy stops on that instead of on the versions.
+        self.lab_up(2, " ".join(["ray", "vllm"] + sorted({image for fault in wanted for image in fault.images})))
         entry = self.results.setdefault("faults", {})
         # The hand flow starts the containers a healthy deploy started, as a user would by hand.
         warm = self.timed_deploy("deploy_qwen35.yml")

@@ -53,7 +53,8 @@ def test_timeline_of_a_real_playbook_run(tmp_path):
     at, host = timeline.result_time(parsed, "ansible.builtin.command")
     assert at == parsed["tasks"][1]["hosts"]["localhost"]["end"] and host["changed"]
     # Counted, not timed: three tasks, two that ran, both module runs (the skipped debug would be the controller's).
-    assert timeline.work(parsed) == {"tasks": 3, "host_results": 2, "module_runs": 2}
+    assert timeline.work(parsed) == {"tasks": 3, "host_results": 2, "module_runs": 2,
+                                     "skipped_tasks": 1, "controller_tasks": 0, "module_tasks": 2}
 
 
 def test_work_counts_on_a_recorded_deploy():
@@ -262,3 +263,35 @@ def test_the_checks_before_the_load_side_by_side_on_recorded_rounds():
         playbook, floor = (float(cell) for cell in rows[name].strip("| ").split(" | ")[1:])
         assert playbook > floor, rows[name]
     assert report.stages_section([{"playbook": r["playbook"], "floor": {"rc": 1}} for r in rounds]) == []
+
+
+def test_task_kinds_partition_a_recorded_deploy():
+    """Every task of a recorded deploy is one kind: skipped on every host, the controller's own, or a module run."""
+    counted = timeline.work(timeline.read(FIXTURES / "deploy_timeline.jsonl"))
+    assert counted["skipped_tasks"] + counted["controller_tasks"] + counted["module_tasks"] == counted["tasks"]
+    # Two nodes: a module task ran on one of them or both.
+    assert counted["module_tasks"] <= counted["module_runs"] <= 2 * counted["module_tasks"]
+    assert counted["skipped_tasks"] > 0 and counted["controller_tasks"] > counted["module_tasks"] > 0
+
+
+def test_what_the_playbooks_counts_allow_on_a_recorded_run():
+    """The unit-cost plays' wall times and the ready step's rounds of one bench run on the lab (unit_costs.json)."""
+    recorded = json.loads((FIXTURES / "unit_costs.json").read_text())
+    units = recorded["unit_costs"]
+    costs = timeline.unit_costs(units["samples"])
+    # The same costs the run computed; a module run (SSH, Python on the node) costs more than a task in the
+    # controller's own process, which costs more than a task skipped on every host.
+    assert costs == units["costs"]
+    assert costs["module_run_s"] > costs["controller_task_s"] > costs["skipped_task_s"] > 0 and costs["start_s"] > 0
+    per_round = timeline.unit_cost_rounds(units["samples"])
+    assert [len(values) for values in per_round.values()] == [len(units["samples"]["empty"])] * 4
+    # A run's counts at these costs: each task once, at its kind's cost.
+    work = recorded["rounds"][0]["playbook"]["work"]
+    by_hand = (costs["start_s"] + work["controller_tasks"] * costs["controller_task_s"]
+               + work["skipped_tasks"] * costs["skipped_task_s"] + work["module_tasks"] * costs["module_run_s"])
+    assert timeline.own_cost(work, costs) == round(by_hand, 2)
+    rows = report.own_cost_rows(recorded["rounds"], units)
+    assert len(rows) == 7 and all(row.startswith("| 1 | ") for row in rows)
+    allowed = [row for row in rows if "ratio the playbook's counts allow" in row][0]
+    assert "| %d |" % len(recorded["rounds"]) in allowed
+    assert report.own_cost_rows(recorded["rounds"], None) == []
