@@ -109,7 +109,10 @@ def seed_ray_ports_dropped() -> Seeded:
 
 
 def seed_ray_versions_differ() -> Seeded:
+    """node2 on the seed's image (Ray 2.53), node1 on the Ray image (2.60). The seed's image is pulled onto node2 first,
+    untimed, as every row's images are: the row times the diagnosis, not a first pull of 8 GB."""
     variables = benchlib.read_inventory()["all"]["vars"]
+    benchlib.docker(node("node2"), "pull", "-q", variables["lab_vllm_seed_image"], timeout=1800)
     return Seeded(extra={"image_require_vllm": False, "gpulab_vllm_serve": False, "gate_expected_gpus": 2},
                   hostvars={"node1": {"image_ref": variables["lab_ray_image"]},
                             "node2": {"image_ref": variables["lab_vllm_seed_image"]}})
@@ -231,7 +234,7 @@ FAULTS = [
     # it again and proves a completion. The probe's own verdict on the live API is asserted by the module's lab test.
     Fault("dead-engine", "a dead engine behind a live API process", "server",
           [r"gpulab-vllm started or restarted"], (),
-          "tests/integration/test_modules_lab.py::test_vllm_dead_engine_is_reported_with_the_servers_own_error",
+          "tests/integration/test_faults.py::test_a_dead_engine_is_named_and_the_server_started_again",
           seed_dead_engine, needs_serving=True, from_nothing=False, repaired=True, hand_serving_check=True),
     Fault("stalled-load", "a model load that stalls", "server",
           [r"vLLM's start stalled at stage [^:]+: nothing new from the server for \d+ s \(stall_timeout\)"], (),
