@@ -234,7 +234,7 @@ FAULTS = [
     # it again and proves a completion. The probe's own verdict on the live API is asserted by the module's lab test.
     Fault("dead-engine", "a dead engine behind a live API process", "server",
           [r"gpulab-vllm started or restarted"], (),
-          "tests/integration/test_faults.py::test_a_dead_engine_is_named_and_the_server_started_again",
+          "tests/integration/test_serving_chain.py::test_a_dead_engine_is_named_and_the_server_started_again",
           seed_dead_engine, needs_serving=True, from_nothing=False, repaired=True, hand_serving_check=True),
     Fault("stalled-load", "a model load that stalls", "server",
           [r"vLLM's start stalled at stage [^:]+: nothing new from the server for \d+ s \(stall_timeout\)"], (),

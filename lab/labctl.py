@@ -9,7 +9,9 @@ own sshd; a registry on the machine serves the lab images to every node.
     labctl.py down     remove everything the lab made (safe to run twice)
     labctl.py status   print the lab's state as JSON
     labctl.py images   build and push the lab images only
-    labctl.py build [IMAGE...]   build lab images without a lab, starting only its registry, and push each
+    labctl.py build [IMAGE[=FILE]...]   build lab images without a lab, starting only its registry, and push each
+                   (every wheel set downloads at once first; IMAGE=FILE touches FILE once IMAGE is pushed; with
+                   a lab up, each image is pulled onto its nodes right after its push, while the next one builds)
     labctl.py link NODE up|down   plug or pull a node's fabric cable (failure drills)
     labctl.py docker NODE start|stop   start or stop a node's Docker daemon
     labctl.py input NODE drop|accept   harden a node (INPUT policy DROP; loopback, replies, SSH admitted) or open it
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpulab_lab.common import RUN, LabError, netns_path, node_dirs  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.config import LAB_IMAGES, LabConfig  # noqa: E402  pylint: disable=wrong-import-position
-from gpulab_lab.images import ensure_base_image, ensure_image  # noqa: E402  pylint: disable=wrong-import-position
+from gpulab_lab.images import ensure_base_image, ensure_image, image_is_current, prefetch_wheels, wait_for_pulls  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.lifecycle import check_build_prerequisites, current_config, down, status, up  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab import hub  # noqa: E402  pylint: disable=wrong-import-position
 from gpulab_lab.models import model_folder, set_disk  # noqa: E402  pylint: disable=wrong-import-position
@@ -70,7 +72,7 @@ def main(argv: list[str]) -> int:
             for key in argv[1:] or list(LAB_IMAGES):
                 ensure_image(cfg, key)
         elif verb == "build":
-            unknown = [k for k in argv[1:] if k not in LAB_IMAGES]
+            unknown = [k.split("=")[0] for k in argv[1:] if k.split("=")[0] not in LAB_IMAGES]
             if unknown:
                 raise LabError(f"unknown image(s) {unknown}; choose from {sorted(LAB_IMAGES)}")
             check_build_prerequisites()
@@ -79,9 +81,17 @@ def main(argv: list[str]) -> int:
             RUN.mkdir(parents=True, exist_ok=True)
             start_registry(cfg)
             ensure_base_image()
+            keys = [k for k in argv[1:] if "=" not in k] or list(LAB_IMAGES)
+            marks = dict(k.split("=", 1) for k in argv[1:] if "=" in k)
+            # Every wheel set the build needs downloads at once, beside the base image and the first builds.
+            prefetch_wheels([key for key in keys if not image_is_current(cfg, key)])
+            ensure_base_image()
             # Each pushed as soon as it is built, while the next one builds: `up` then finds them in the registry.
-            for key in argv[1:] or list(LAB_IMAGES):
+            for key in keys:
                 ensure_image(cfg, key)
+                if key in marks:
+                    Path(marks[key]).touch()
+            wait_for_pulls()
         elif verb == "link" and len(argv) == 3 and argv[2] in ("up", "down"):
             set_fabric_link(current_config(), argv[1], argv[2])
         elif verb == "input" and len(argv) == 3 and argv[2] in ("drop", "accept"):

@@ -19,7 +19,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .common import BUILD, CACHE, IMAGES_DIR, PROJECT, LabError, log, run
+from .common import BUILD, CACHE, IMAGES_DIR, PROJECT, STATE_FILE, LabError, log, node_dirs, run
 from .config import LAB_IMAGES, LabConfig, LabImage
 
 
@@ -113,7 +113,16 @@ def image_python() -> str:
     return found
 
 
+# One download per wheel set: a prefetch still running is waited for, never started twice.
+_WHEELHOUSE_LOCKS = {key: threading.Lock() for key in LAB_IMAGES}
+
+
 def ensure_wheelhouse(key: str, folder: Path, image: LabImage) -> Path:
+    with _WHEELHOUSE_LOCKS[key]:
+        return _ensure_wheelhouse(key, folder, image)
+
+
+def _ensure_wheelhouse(key: str, folder: Path, image: LabImage) -> Path:
     house = CACHE / "wheelhouse" / key
     house.mkdir(parents=True, exist_ok=True)
     stamp = house / ".requirements"
@@ -151,6 +160,53 @@ def serve_folder(folder: Path):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def image_is_current(cfg: LabConfig, key: str) -> bool:
+    """The registry holds this recipe's image, built on the base image this machine has (False without a base:
+    a new base makes every image new)."""
+    if image_label(BASE_IMAGE, "org.gpulab.lab.base") is None:
+        return False
+    image = LAB_IMAGES[key]
+    digest = recipe_hash(IMAGES_DIR / image.folder, requirements=image.requirements,
+                         extra=run(["docker", "image", "inspect", "--format", "{{.Id}}", BASE_IMAGE]).stdout)
+    return registry_label(cfg, key, "org.gpulab.lab.recipe") == digest
+
+
+def prefetch_wheels(keys: list[str]) -> list[threading.Thread]:
+    """Download the wheel sets of these images at once, each in its own thread (the downloads wait on the network,
+    the builds on the CPU): a build then waits only for its own set, already there or nearly."""
+    threads = []
+    errors: dict[str, LabError] = {}
+
+    def fetch(key: str) -> None:
+        image = LAB_IMAGES[key]
+        try:
+            ensure_wheelhouse(key, IMAGES_DIR / image.folder, image)
+        except LabError as exc:  # the build of this image downloads again and says why it failed
+            errors[key] = exc
+            log(f"prefetching the {key} image's wheels failed; its build will try again: {exc}")
+
+    for key in keys:
+        thread = threading.Thread(target=fetch, args=(key,), daemon=True, name=f"wheels-{key}")
+        thread.start()
+        threads.append(thread)
+    return threads
+
+
+def keep_first_layer(ref: str, folder: str) -> None:
+    """Tag the layer a recipe builds first on the base (its apt packages) as gpulab-lab/FOLDER-system, so that it
+    outlives the image's removal after its push: the next image of the same recipe (the seed's vLLM after today's)
+    finds it in the build cache instead of running apt again."""
+    base = run(["docker", "image", "inspect", "--format", "{{.Id}}", BASE_IMAGE]).stdout.strip()
+    current, first = ref, None
+    for _depth in range(64):
+        parent = run(["docker", "image", "inspect", "--format", "{{.Parent}}", current], check=False).stdout.strip()
+        if not parent or parent == base:
+            break
+        first = current = parent
+    if first is not None and parent == base:
+        run(["docker", "tag", first, f"gpulab-lab/{folder}-system:latest"], check=False)
 
 
 def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
@@ -199,6 +255,7 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
                     raise LabError(f"building the {key} image failed twice; see build/lab/logs/build-{key}.log, which "
                                    f"ends:\n{tail}")
         log(f"built {local_ref} in {time.monotonic() - started:.0f}s")
+        keep_first_layer(local_ref, image.folder)
         # Untagged images a failed try left go (only lab images carry the base's label). The wheels go too
         # (the seed's are 4.3 GB): they are downloaded again only if the recipe changes.
         run(["docker", "image", "prune", "--force", "--filter", "label=org.gpulab.lab.base"], check=False)
@@ -215,6 +272,37 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
         log(f"pushed {local_ref} in {time.monotonic() - started:.0f}s")
         # The registry and the nodes hold it now; the machine's copy (9 GB for the seed's) goes.
         run(["docker", "image", "rm", local_ref], check=False)
+        # The nodes pull it while the next image builds (wait_for_pulls before the build command ends).
+        puller = threading.Thread(target=pull_on_nodes, args=(cfg, key), name=f"pull-{key}")
+        puller.start()
+        _PULLS.append(puller)
+
+
+_PULLS: list[threading.Thread] = []
+
+
+def wait_for_pulls() -> None:
+    """Wait for the nodes' pulls of the images this process pushed."""
+    for puller in _PULLS:
+        puller.join()
+
+
+def pull_on_nodes(cfg: LabConfig, key: str) -> None:
+    """Pull a pushed image onto every node of the lab that is up, the nodes side by side: a build that finishes while
+    the lab runs tests (the seed's) is on the nodes before a deploy asks for it. Nothing when no lab is up; a node
+    whose daemon does not answer is left to pull it when a deploy asks (the roles pull what is missing)."""
+    if not STATE_FILE.exists():
+        return
+    sockets = {name: node_dirs(name)["run"] / "docker.sock" for name in cfg.node_names}
+    sockets = {name: sock for name, sock in sockets.items() if sock.exists()}
+    if not sockets:
+        return
+    ref, started = pinned_ref(cfg, key), time.monotonic()
+    pulls = {name: subprocess.Popen(["docker", "-H", f"unix://{sock}", "pull", "--quiet", ref], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True) for name, sock in sockets.items()}
+    failed = {name: (proc.communicate()[1] or "").strip()[-200:] for name, proc in pulls.items() if proc.wait() != 0}
+    log(f"pulled {key} onto {', '.join(sorted(set(pulls) - set(failed))) or 'no node'} in {time.monotonic() - started:.0f}s"
+        + "".join(f"; {name} did not pull it ({why})" for name, why in sorted(failed.items())))
 
 
 def _registry_get(cfg: LabConfig, path: str, accept: str | None = None):

@@ -34,7 +34,7 @@ def vllm_image_key(images: list[str]) -> str:
     return "vllm-seed" if "vllm-seed" in images and "vllm" not in images else "vllm"
 
 
-def write_inventory(cfg: LabConfig, images: list[str], model: Path | None = None) -> None:
+def write_inventory(cfg: LabConfig, images: list[str], model: Path | None = None, seed_model: Path | None = None) -> None:
     key = CACHE / "ssh" / "id_ed25519"
     hosts = {}
     for i, name in enumerate(cfg.node_names, start=1):
@@ -65,6 +65,8 @@ def write_inventory(cfg: LabConfig, images: list[str], model: Path | None = None
                 "vllm_server_config_dir": str(NODE_FILES / "vllm"),
                 # The lab's model as a folder on the controller (lab/gpulab_lab/models.py), for the weights role.
                 "lab_model_dir": str(model) if model else "",
+                # The seed's image's own model (its transformers wrote the tokenizer), when the lab has that image.
+                "lab_vllm_seed_model_dir": str(seed_model) if seed_model else "",
             },
             "children": {
                 "ray_head": {"hosts": {head: hosts[head]}},

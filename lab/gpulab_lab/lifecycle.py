@@ -71,12 +71,15 @@ def up(cfg: LabConfig, images: list[str]) -> None:
         start_node_docker(cfg, name)
         start_node_sshd(cfg, i)
     STATE_FILE.write_text(json.dumps(wanted))
-    ensure_base_image()
+    if images:
+        ensure_base_image()
     for key in images:
         ensure_image(cfg, key)
     # The lab's model as a folder on the controller, for the weights role (from the vLLM image's own layer).
     model = model_folder(cfg, vllm_image_key(images)) if {"vllm", "vllm-seed"} & set(images) else None
-    write_inventory(cfg, images, model)
+    # The seed's own model beside it, for a deployment of the seed's image on a lab up with both (the seed's chain).
+    seed_model = model_folder(cfg, "vllm-seed") if "vllm-seed" in images else None
+    write_inventory(cfg, images, model, seed_model)
     fabric = ", ".join(f"{n}={cfg.node_fabric_if(i)}" for i, n in enumerate(cfg.node_names, start=1))
     log(f"up: {cfg.nodes} node(s), fabric {cfg.fabric_subnet} on {fabric}, {cfg.gpus_per_node} lab GPU(s) per node"
         f"{', unified memory on ' + cfg.unified_memory_nodes if cfg.unified_memory_nodes else ''}, "

@@ -1,5 +1,5 @@
 """What the lab tests share: paths, the environment of a playbook run, the lab's inventory, node daemons, an image
-built for another architecture."""
+built for another architecture, and the Chain that the links of one deployment share (conftest.py)."""
 
 from __future__ import annotations
 
@@ -94,3 +94,12 @@ def single_file_image(ref: str, arch: str, folder: Path) -> tuple[str, str]:
         raise RuntimeError(f"could not make an image for linux/{arch} as {ref}")
     return (made + f"; the engine made it {imported_arch}: docker save, the config's architecture set to {arch}"
             + (" and variant to v8" if arch == "arm64" else "") + f", docker load as {ref}"), imported_arch
+
+
+class Chain(dict):
+    """What the links of one chain share (the deployment's inputs and outputs), and the first link that failed."""
+
+    def __init__(self, name: str, **shared):
+        super().__init__(shared)
+        self.name = name
+        self.broken_by: str | None = None
