@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
             RUN.mkdir(parents=True, exist_ok=True)
             start_registry(cfg)
             ensure_base_image()
-            keys = [k for k in argv[1:] if "=" not in k] or list(LAB_IMAGES)
+            keys = [k.split("=", 1)[0] for k in argv[1:]] or list(LAB_IMAGES)
             marks = dict(k.split("=", 1) for k in argv[1:] if "=" in k)
             # Every wheel set the build needs downloads at once, beside the base image and the first builds.
             prefetch_wheels([key for key in keys if not image_is_current(cfg, key)])
