@@ -80,7 +80,6 @@ def main(argv: list[str]) -> int:
             # The registry's copy says whether an image is up to date (lab-down stops it again).
             RUN.mkdir(parents=True, exist_ok=True)
             start_registry(cfg)
-            ensure_base_image()
             keys = [k.split("=", 1)[0] for k in argv[1:]] or list(LAB_IMAGES)
             marks = dict(k.split("=", 1) for k in argv[1:] if "=" in k)
             # Every wheel set the build needs downloads at once, beside the base image and the first builds.

@@ -17,15 +17,20 @@ from .images import pinned_ref
 
 
 def lab_secrets() -> dict:
-    """The lab's Ray token and vLLM API key: random per machine, kept root-only in the cache."""
+    """The lab's Ray token, vLLM API key and a stand-in for a Hugging Face token (lab_hf_token, in both roles' extra
+    environment, which no output may show): random per machine, kept root-only in the cache."""
     path = CACHE / "secrets.json"
-    if not path.exists():
+    found = json.loads(path.read_text()) if path.exists() else {}
+    wanted = {"ray_cluster_auth_token": lambda: secrets.token_hex(32), "vllm_server_api_key": lambda: secrets.token_hex(32),
+              "lab_hf_token": lambda: "hf_" + secrets.token_hex(18)}
+    if set(wanted) - set(found):
+        found.update({name: make() for name, make in wanted.items() if name not in found})
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(path.with_suffix(".new"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            json.dump({"ray_cluster_auth_token": secrets.token_hex(32),
-                       "vllm_server_api_key": secrets.token_hex(32)}, out)
-    return json.loads(path.read_text())
+            json.dump(found, out)
+        os.replace(path.with_suffix(".new"), path)
+    return found
 
 
 def vllm_image_key(images: list[str]) -> str:

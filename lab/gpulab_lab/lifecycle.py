@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .common import BUILD, CACHE, INVENTORY, NODE_FILES, NS_PREFIX, RUN, STATE_FILE, LabError, existing_namespaces, log, node_dirs, ok, pid_alive, run, stop_pid
 from .config import LabConfig
-from .images import ensure_base_image, ensure_image
+from .images import ensure_base_image, ensure_image, image_is_current, prefetch_wheels, wait_for_pulls
 from . import hub
 from .inventory import vllm_image_key, write_inventory
 from .models import DATA_MOUNT, NODE_DATA, model_folder, prepare_data
@@ -71,10 +71,14 @@ def up(cfg: LabConfig, images: list[str]) -> None:
         start_node_docker(cfg, name)
         start_node_sshd(cfg, i)
     STATE_FILE.write_text(json.dumps(wanted))
+    # Every wheel set an image to build needs downloads at once, beside the base image and the first build; each
+    # image is pulled onto the nodes right after its push, while the next one builds.
+    prefetch_wheels([key for key in images if not image_is_current(cfg, key)])
     if images:
         ensure_base_image()
     for key in images:
         ensure_image(cfg, key)
+    wait_for_pulls()
     # The lab's model as a folder on the controller, for the weights role (from the vLLM image's own layer).
     model = model_folder(cfg, vllm_image_key(images)) if {"vllm", "vllm-seed"} & set(images) else None
     # The seed's own model beside it, for a deployment of the seed's image on a lab up with both (the seed's chain).

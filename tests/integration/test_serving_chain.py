@@ -2,7 +2,8 @@
 serving cluster or breaks it and repairs it by a re-run (tests/integration/conftest.py: a link that fails names
 itself to every link after it).
 
-The links, in order: the chain starts from nothing (teardown.yml, then no container on any node); the deploy in
+The links, in order: the chain starts from nothing (teardown.yml, then no container on any node; status says
+nothing is deployed); the deploy in
 check mode starts nothing; one deploy at -vvv from nothing serves. Secure by default on it: no secret in the -vvv
 output, the containers' logs or the files the roles wrote (but the token and key files); Ray refuses a client
 without the token; Ray's GCS port answers on the fabric only; vLLM answers 401 without the key, on every route; from
@@ -11,11 +12,12 @@ TP rank 1 on the second node with its own fabric settings, the GPU contract, che
 official openai client), a re-run that changes nothing, status on a healthy cluster (table, JSON, metrics.yml's
 targets), an ACCEPT put ahead of the firewall found and repaired by a re-run, a dead engine behind a live API
 restarted by a re-run, the server killed (status DOWN, diagnose.yml's archive), the worker's Ray container killed
-(status: lost), the re-run that heals it, the head's Docker daemon restarted and healed by a re-run; last, a
-Ray-only deployment and nothing deployed, as status tells them.
+(status: lost), the re-run that heals it, the head's Docker daemon restarted and healed by a re-run. Then the links
+with settings of their own, each saying what it changes: the supervisors and the watchdog (molecule/reboot's
+playbooks), upgrades that roll back and one that cuts over (molecule/upgrade's).
 
-Every deploy of the chain has the same inputs: the lab's inventory and an extra environment holding a token (as
-HF_TOKEN would), which must not print at any verbosity either. tests/integration/test_serving_chain_seed.py runs the
+Every deploy of the chain has the same inputs, the lab's inventory's: its extra environment of both roles holds a
+stand-in for a Hugging Face token (lab_hf_token), which must not print at any verbosity either. tests/integration/test_serving_chain_seed.py runs the
 links that do not depend on the image's version on the seed's image.
 """
 
@@ -40,18 +42,16 @@ import faults  # noqa: E402  pylint: disable=wrong-import-position
 
 pytestmark = pytest.mark.lab
 
-EXTRA_SECRET = "hf_" + "e" * 37
 NODES = ("node1", "node2")
 
 
 def chain_inputs(inventory: Path) -> dict:
-    """The inputs every deploy of a chain is run with: its inventory, and an extra environment of both roles that
-    holds a token."""
+    """What every link reads of the chain's inventory: its path and the lab's secrets."""
     group_vars = yaml.safe_load((inventory / "group_vars" / "all.yml").read_text())
-    extra = {"vllm_server_extra_env": dict(group_vars.get("vllm_server_extra_env") or {}, HF_TOKEN=EXTRA_SECRET),
-             "ray_cluster_extra_env": {"HF_TOKEN": EXTRA_SECRET}}
     lab_vars = yaml.safe_load((inventory / "hosts.yml").read_text())["all"]["vars"]
-    return {"inventory": inventory, "extra": extra, "token": lab_vars["ray_cluster_auth_token"],
+    if not lab_vars.get("lab_hf_token") or "lab_hf_token" not in group_vars["vllm_server_extra_env"]["HF_TOKEN"]:
+        pytest.fail("the lab's inventory has no lab_hf_token in both roles' extra environment: run `make lab-up` again")
+    return {"inventory": inventory, "hf_token": lab_vars["lab_hf_token"], "token": lab_vars["ray_cluster_auth_token"],
             "api_key": lab_vars["vllm_server_api_key"], "secrets_dir": Path(lab_vars["gpulab_secrets_dir"]),
             "config_dir": Path(lab_vars["vllm_server_config_dir"])}
 
@@ -66,8 +66,8 @@ def play(chain: Chain, name: str, *extra: str, json_output: bool = False, timeou
 
 
 def deploy(chain: Chain, *extra: str) -> subprocess.CompletedProcess:
-    """deploy_qwen35.yml with the chain's inputs: a re-run of the deployment as it was made."""
-    return play(chain, "deploy_qwen35.yml", "-e", json.dumps(chain["extra"]), *extra)
+    """deploy_qwen35.yml on the chain's inventory: a re-run of the deployment as it was made."""
+    return play(chain, "deploy_qwen35.yml", *extra)
 
 
 def containers() -> dict:
@@ -140,8 +140,7 @@ def test_the_endpoint_verifies(link):
     """tests/integration/playbooks/serving_verify.yml: each of its assertions is a named task; the first that fails
     is named in the output."""
     run = subprocess.run([BIN / "ansible-playbook", "-i", link["inventory"],
-                          ROOT / "tests" / "integration" / "playbooks" / "serving_verify.yml",
-                          "-e", json.dumps({"serving_verify_deploy_args": ["-e", json.dumps(link["extra"])]})],
+                          ROOT / "tests" / "integration" / "playbooks" / "serving_verify.yml"],
                          cwd=ROOT, env=_env(), capture_output=True, text=True, check=False, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:]
 
@@ -162,7 +161,7 @@ def test_no_secret_in_the_verbose_output_the_logs_or_the_files(link):
     # The block the deploy ends with says where the key lives and how to use it, without the key itself.
     assert "(mode 0600) holds it with the endpoint. Call it:" in link["output"]
     assert 'Authorization: Bearer $OPENAI_API_KEY' in link["output"]
-    assert EXTRA_SECRET not in link["output"], "a value of the extra environment is in the -vvv output"
+    assert link["hf_token"] not in link["output"], "a value of the extra environment is in the -vvv output"
     for node, names in (("node1", ["gpulab-ray-head", "gpulab-vllm"]), ("node2", ["gpulab-ray-worker"])):
         for name in names:
             logs = _docker(node, "logs", name)
@@ -220,7 +219,7 @@ def test_no_recorded_fixture_holds_this_labs_secrets():
     """The unit tests' fixtures are recorded from a lab; none may carry the lab's token or key (the
     recorder redacts them). Checked here, where the lab and its secrets exist."""
     lab_vars = lab_hosts()["all"]["vars"]
-    secrets = [lab_vars["ray_cluster_auth_token"], lab_vars["vllm_server_api_key"]]
+    secrets = [lab_vars["ray_cluster_auth_token"], lab_vars["vllm_server_api_key"], lab_vars["lab_hf_token"]]
     fixtures = [path for folder in (ROOT / "tests" / "unit" / "fixtures", ROOT / "bench" / "tests" / "fixtures")
                 for path in sorted(folder.rglob("*")) if path.is_file()]
     assert len(fixtures) > 10
@@ -390,7 +389,7 @@ def test_an_accept_put_ahead_of_the_firewall_is_repaired_by_a_rerun(link):
     assert status.returncode != 0
     assert "Firewall node1: DRIFT: IPv4 the jump to GPULAB-INPUT is not the first rule of INPUT" in " ".join(status.stdout.split())
     assert "Verdict: degraded: node1: firewall drift" in " ".join(status.stdout.split()), status.stdout[-2000:]
-    # The same inputs as the deploy (its extra environment included): only the firewall differs.
+    # The same inputs as the deploy: only the firewall differs.
     rerun = deploy(link)
     assert rerun.returncode == 0, rerun.stdout[-3000:]
     assert "node1: firewall drift repaired: IPv4 the jump to GPULAB-INPUT is not the first rule of INPUT" in \
@@ -490,3 +489,30 @@ def test_a_rerun_heals_the_head_after_its_docker_daemon_restarted(link):
                                      headers={"Authorization": f"Bearer {link['api_key']}", "Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as answer:
         assert json.loads(answer.read())["choices"][0]["text"] is not None
+
+
+# --------------------------------------------------------------------------- links with settings of their own
+# After the shared links, in order, on the same deployment; each says what it changes. Their playbooks are the
+# molecule scenarios' own (molecule/reboot, molecule/upgrade: each assertion a named task of verify.yml), which also
+# run on their own with `molecule test -s NAME`.
+
+def _scenario(name: str, folder: Path) -> None:
+    env = dict(_env(), MOLECULE_PROJECT_DIRECTORY=str(ROOT), MOLECULE_EPHEMERAL_DIRECTORY=str(folder), ANSIBLE_NOCOLOR="1")
+    for step in ("converge", "verify"):
+        run = subprocess.run([BIN / "ansible-playbook", "-i", INVENTORY, ROOT / "molecule" / name / f"{step}.yml"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=1800)
+        assert run.returncode == 0, f"molecule/{name}/{step}.yml failed:\n{run.stdout[-6000:]}"
+
+
+def test_the_supervisors_bring_the_cluster_back_without_a_play(link, tmp_path):  # pylint: disable=unused-argument
+    """Changes: the supervisor on, then its watchdog at a lab's pace (a probe every 5 s, two failures in a row).
+    molecule/reboot: a crashed worker, the head's and the worker's Docker daemons restarted (a reboot, the firewall
+    flushed), a firewall reload, a hung engine; each put back in order by the supervisors, with no play."""
+    _scenario("reboot", tmp_path)
+
+
+def test_upgrades_roll_back_twice_and_cut_over_once(link, tmp_path):  # pylint: disable=unused-argument
+    """Changes: the supervisor off again (the inventory's default), then the image and vLLM's arguments.
+    molecule/upgrade: an image whose vLLM cannot serve and arguments the model refuses each go back to the cluster that
+    served; a good image cuts over, leaves nothing kept behind, and a re-run changes nothing."""
+    _scenario("upgrade", tmp_path)

@@ -120,10 +120,12 @@ def test_vllm_module_dead_engine_fails_in_one_line(capsys):
 
 def test_vllm_module_waits_then_times_out_on_a_closed_port(capsys):
     url = "http://127.0.0.1:%d" % closed_loopback_port()
-    result = run_main(vllm_health, {"base_url": url, "wait": True, "wait_timeout": 1, "wait_sleep": 0.2}, capsys)
+    result = run_main(vllm_health, {"base_url": url, "wait": True, "wait_timeout": 3, "wait_sleep": 0.2}, capsys)
     assert result["failed_stage"] == "unreachable"
-    assert result["msg"].startswith("vLLM at %s not healthy after 1." % url)
-    assert result["waited"]["polls"] >= 4
+    assert result["msg"].startswith("vLLM at %s not healthy after 3." % url)
+    # It polled again after a refusal: how many times depends on the machine's load (the suite may run at idle
+    # priority beside the lab), not on the module; one refused connection never takes the whole 3 s.
+    assert result["waited"]["polls"] >= 2
 
 
 @pytest.mark.parametrize("args, message", [
