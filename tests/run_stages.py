@@ -132,8 +132,15 @@ class BackgroundImages:
         self.process = subprocess.Popen([str(VENV_BIN / "python"), str(ROOT / "lab" / "labctl.py"), "build", *keys],
                                         cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
         self.started = time.monotonic()
+        self.ended: float | None = None
         self.waited = 0.0
         self.status: int | None = None
+
+        def note_end() -> None:
+            self.process.wait()
+            self.ended = time.monotonic()
+
+        threading.Thread(target=note_end, daemon=True).start()
         print(f"lab images: building and pushing {' '.join(LAB_IMAGE_KEYS)} in the background (build/lab/logs/images.log)",
               flush=True)
 
@@ -147,7 +154,8 @@ class BackgroundImages:
             time.sleep(2)
         if part == "all" or self.process.poll() is not None:
             self.status = self.process.wait()
-            elapsed = time.monotonic() - self.started
+            # When the build ended, not when a stage first asked after it.
+            elapsed = (self.ended or time.monotonic()) - self.started
             self.waited += time.monotonic() - waited
             said = "built" if self.status == 0 else f"FAILED (exit {self.status})"
             print(f"===== lab images: {said} in {elapsed:.0f}s, {self.waited:.0f}s of it waited for =====", flush=True)
