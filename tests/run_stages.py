@@ -1,7 +1,7 @@
 """Run every test stage of gpulab.vllm and print one summary line per stage, with its budget.
 
 Stages (tests/README.md says what each proves and its budget):
-  static, run at idle priority beside the image builds and the lab stages: lint (ansible-lint, production
+  static, run at the lowest priority (nice 19) beside the image builds and the lab stages: lint (ansible-lint, production
   profile), sanity (ansible-test, compile and import on the node Pythons 3.9 to 3.13 too), unit (pytest on
   recorded fixtures), collection (build the tarball, resolve the modules by FQCN from an install of it),
   matrix (unit and sanity on ansible-core 2.17 and 2.19);
@@ -167,13 +167,9 @@ class BackgroundImages:
 
 
 def _idle() -> None:
-    """Idle priority for the static stages: they take only the CPU the image builds and the lab leave."""
+    """The lowest priority (nice 19) for the static stages: they take little of the CPU the image builds and the lab
+    want. Not SCHED_IDLE: under it a busy lab starved one poll of a unit test for 20 s."""
     os.nice(19)
-    if hasattr(os, "SCHED_IDLE"):
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-        except OSError:
-            pass
 
 
 def run_stage(name: str, commands: list[list[str]], images: BackgroundImages | None, results: list,
@@ -201,7 +197,7 @@ def run_stage(name: str, commands: list[list[str]], images: BackgroundImages | N
     if log is not None:
         log.close()
         text = (LOGS / f"{name.replace(':', '-')}.log").read_text(errors="replace")
-        print(f"\n===== stage {name} (idle priority, beside the lab) =====\n{text}", flush=True)
+        print(f"\n===== stage {name} (nice 19, beside the lab) =====\n{text}", flush=True)
     print(f"===== stage {name}: {said} in {elapsed:.0f}s =====", flush=True)
     return status, elapsed
 

@@ -39,8 +39,7 @@ def validate_wait_options(timeout, sleep):
     return None
 
 
-def poll_until(probe, is_ready, wait, timeout, sleep, clock=time.monotonic, sleeper=time.sleep, is_hopeless=None,
-               resume=None):
+def poll_until(probe, is_ready, wait, timeout, sleep, clock=None, sleeper=None, is_hopeless=None, resume=None):
     """Call ``probe(remaining_seconds)`` until ``is_ready(value)`` or the timeout.
 
     With ``wait`` false the probe runs exactly once. ``remaining_seconds`` is
@@ -49,8 +48,12 @@ def poll_until(probe, is_ready, wait, timeout, sleep, clock=time.monotonic, slee
     given, ends the wait early: waiting longer cannot help (a server that exited).
     ``resume``, a dict with ``elapsed`` and ``polls``, is what earlier calls of the
     same wait spent (the collection's action plugins wait in slices and report
-    progress between them): the outcome counts them in.
+    progress between them): the outcome counts them in. ``clock`` and ``sleeper``
+    default to this module's ``time.monotonic`` and ``time.sleep``, looked up
+    at each call.
     """
+    clock = clock or time.monotonic
+    sleeper = sleeper or time.sleep
     before = resume or {}
     before_elapsed, before_polls = float(before.get("elapsed") or 0), int(before.get("polls") or 0)
     started = clock()

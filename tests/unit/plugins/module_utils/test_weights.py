@@ -122,7 +122,7 @@ def served(tmp_path):
     port = _free_port()
     proc = subprocess.Popen([sys.executable, str(SERVER), "--bind", "127.0.0.1", "--port", str(port), "--root", str(tmp_path / "src"),
                              "--token-file", str(token), "--pid-file", str(tmp_path / "pid"), "--idle", "30"])
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # generous: CI runs unit tests at nice 19 beside the lab
     while not (tmp_path / "pid").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     yield {"url": "http://127.0.0.1:%d" % port, "expected": expected, "root": tmp_path, "proc": proc}

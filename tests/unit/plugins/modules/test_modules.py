@@ -21,7 +21,7 @@ except ImportError:  # ansible-core 2.17 and 2.18 read the arguments from basic.
 from conftest import load_fixture
 from platform_replay import RECORD, REFS, replay
 from vllm_replay import ReplayServer, closed_loopback_port
-from ansible_collections.gpulab.vllm.plugins.module_utils import _node
+from ansible_collections.gpulab.vllm.plugins.module_utils import _node, _wait
 from ansible_collections.gpulab.vllm.plugins.modules import node_facts, ray_cluster_facts, vllm_health
 
 
@@ -63,6 +63,28 @@ def test_ray_facts_module_returns_only_facts(capsys, docker_found):
     assert calls[0][:4] == ["/usr/bin/docker", "exec", "fixture-ray-head", "python3"]
 
 
+class StoppedTime(object):
+    """The wait loop's clock, moving only when the loop sleeps: the polls a wait makes are exact, whatever the
+    machine's load (CI runs them at nice 19 beside the lab, where one poll once took 20 s)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        assert seconds > 0
+        self.now += seconds
+
+
+@pytest.fixture
+def loop_clock():
+    clock = StoppedTime()
+    with mock.patch.object(_wait, "time", clock):
+        yield clock
+
+
 def test_ray_gate_keeps_polling_through_a_starting_head(capsys, docker_found):
     # Missing container, then no address yet, then the head alone, then both nodes: all recorded.
     run_command, calls = replay_reader("ray_head_container_missing", "ray_head_starting_no_address",
@@ -76,18 +98,18 @@ def test_ray_gate_keeps_polling_through_a_starting_head(capsys, docker_found):
     assert result["ansible_facts"]["ray_cluster"]["wait"]["waited"] is True
 
 
-def test_ray_gate_timeout_fails_with_the_facts(capsys, docker_found):
+def test_ray_gate_timeout_fails_with_the_facts(capsys, docker_found, loop_clock):
     run_command, calls = replay_reader("ray_2node_head_only")
     with mock.patch.object(basic.AnsibleModule, "run_command", run_command):
         result = run_main(ray_cluster_facts, {
             "container": "fixture-ray-head", "expected_node_ips": ["10.220.0.11", "10.220.0.12"],
-            "expected_gpus": 2, "wait": True, "wait_timeout": 1, "wait_sleep": 0.1}, capsys)
+            "expected_gpus": 2, "wait": True, "wait_timeout": 1, "wait_sleep": 0.25}, capsys)
     assert result["_rc"] == 1 and result["failed"]
     assert result["msg"].startswith(
-        "Ray cluster at 10.220.0.11:6380 (container fixture-ray-head on host node1) not ready after ")
+        "Ray cluster at 10.220.0.11:6380 (container fixture-ray-head on host node1) not ready after 1s (5 polls): ")
     assert result["msg"].endswith("missing node(s) 10.220.0.12; GPUs 1 of 2 expected; alive: 10.220.0.11 (head, GPU 1)")
     assert result["ansible_facts"]["ray_cluster"]["missing_node_ips"] == ["10.220.0.12"]
-    assert len(calls) >= 5
+    assert len(calls) == 5 == result["ansible_facts"]["ray_cluster"]["wait"]["polls"]
 
 
 def test_ray_permanent_error_does_not_wait(capsys, docker_found):
@@ -118,14 +140,14 @@ def test_vllm_module_dead_engine_fails_in_one_line(capsys):
     assert result["msg"].endswith("EngineCore encountered an issue. See stack trace (above) for the root cause.")
 
 
-def test_vllm_module_waits_then_times_out_on_a_closed_port(capsys):
+def test_vllm_module_waits_then_times_out_on_a_closed_port(capsys, loop_clock):
     url = "http://127.0.0.1:%d" % closed_loopback_port()
-    result = run_main(vllm_health, {"base_url": url, "wait": True, "wait_timeout": 3, "wait_sleep": 0.2}, capsys)
+    result = run_main(vllm_health, {"base_url": url, "wait": True, "wait_timeout": 3, "wait_sleep": 0.25}, capsys)
     assert result["failed_stage"] == "unreachable"
-    assert result["msg"].startswith("vLLM at %s not healthy after 3." % url)
-    # It polled again after a refusal: how many times depends on the machine's load (the suite may run at idle
-    # priority beside the lab), not on the module; one refused connection never takes the whole 3 s.
-    assert result["waited"]["polls"] >= 2
+    # A refused connection is polled again every 0.25 s until the deadline: at 0, 0.25, ... 3.0 s.
+    assert result["msg"].startswith("vLLM at %s not healthy after 3.0s (13 polls): stage unreachable: GET %s/health "
+                                    "got no answer: ConnectionRefusedError" % (url, url))
+    assert result["waited"]["polls"] == 13 and result["waited"]["elapsed"] == 3.0
 
 
 @pytest.mark.parametrize("args, message", [
