@@ -632,3 +632,56 @@ def controller_address(proc="/proc", pid=None):
             return None
         pid = parent
     return None
+
+
+# /proc/meminfo fields the memory rules read, by the key the read reports them under.
+_MEMINFO_FIELDS = {"MemTotal": "total", "MemFree": "free", "MemAvailable": "available", "Cached": "cached",
+                   "Buffers": "buffers", "Dirty": "dirty", "SwapTotal": "swap_total", "SwapFree": "swap_free"}
+
+
+def parse_meminfo(text):
+    """/proc/meminfo as bytes by our key (total, free, available, cached, buffers, dirty, swap_total, swap_free);
+    a field the kernel does not print is None."""
+    found = dict((key, None) for key in _MEMINFO_FIELDS.values())
+    for line in (text or "").splitlines():
+        name, sep, rest = line.partition(":")
+        if not sep or name.strip() not in _MEMINFO_FIELDS:
+            continue
+        fields = rest.split()
+        if not fields or not fields[0].isdigit():
+            continue
+        unit = fields[1].lower() if len(fields) > 1 else ""
+        found[_MEMINFO_FIELDS[name.strip()]] = int(fields[0]) * (1024 if unit == "kb" else 1)
+    return found
+
+
+def parse_gpu_query(text):
+    """`nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits`: one dict per GPU, its `name` and
+    `memory_total_mib` (None where the driver reports no memory of the GPU's own, as on GB10)."""
+    gpus = []
+    for line in (text or "").splitlines():
+        if not line.strip():
+            continue
+        name, unused_sep, memory = line.rpartition(",")
+        memory = memory.strip()
+        gpus.append({"name": name.strip(),
+                     "memory_total_mib": int(memory) if memory.isdigit() else None})
+    return gpus
+
+
+def node_memory(meminfo_text, gpus, unified="auto"):
+    """The node's memory as the memory rules read it: /proc/meminfo's figures in bytes, the GPUs nvidia-smi lists
+    (None: no nvidia-smi on the node), and whether the GPUs' memory is the host's (`unified`).
+
+    Unified when a GPU has no memory of its own to report (GB10: memory.total is [N/A]); `unified` given as true or
+    false overrides that, for a node whose driver the rule reads wrongly; `unified_from` says which decided."""
+    memory = parse_meminfo(meminfo_text)
+    memory["gpus"] = gpus
+    wanted = str(unified).lower()
+    if wanted in ("true", "false"):
+        memory["unified"] = wanted == "true"
+        memory["unified_from"] = "setting"
+    else:
+        memory["unified"] = bool(gpus) and any(gpu["memory_total_mib"] is None for gpu in gpus)
+        memory["unified_from"] = "nvidia-smi" if gpus is not None else "no nvidia-smi"
+    return memory

@@ -32,6 +32,9 @@ description:
     rules are already in place without changing anything.
   - Owner, group, mode and whether the content matches a given SHA-1 for each of O(files); the checksum is an
     input, never an output, so that a secret file can be checked without its checksum appearing anywhere.
+  - The node's memory from O(meminfo) (total, free, available, page cache) and the GPUs C(nvidia-smi) lists, with
+    whether their memory is the host's (unified, as on a DGX Spark's GB10, whose driver reports no memory of the GPU's
+    own); the memory rules of the deploy decide on it.
   - Reads only; it never changes the node.
 author:
   - gpulab.vllm maintainers (!UNKNOWN)
@@ -128,6 +131,19 @@ options:
             whether the file already holds what it would write. Only for files that hold no secret.
         type: bool
         default: false
+  meminfo:
+    description:
+      - The kernel's memory report to read.
+    type: path
+    default: /proc/meminfo
+  unified_memory:
+    description:
+      - Whether the node's GPU memory is the host's. V(auto) decides from C(nvidia-smi --query-gpu=name,memory.total)
+        (a GPU without memory of its own to report, C([N/A]), as GB10's); V(true) or V(false) says so for a node whose
+        driver reads otherwise.
+    type: str
+    choices: [auto, 'true', 'false']
+    default: auto
   stopped_log_lines:
     description:
       - For each container read that exists and is not running, read the last this many lines of its log and report
@@ -269,6 +285,20 @@ ansible_facts:
               O(files[].sha1)); with O(files[].digest), C(sha1).
           type: dict
           sample: {"/etc/gpulab-ray/ray_token": {"exists": true, "isdir": false, "mode": "0600", "uid": 0, "gid": 0, "matches": true}}
+        memory:
+          description:
+            - From O(meminfo), in bytes (null where the kernel prints no such field), C(total) (MemTotal), C(free)
+              (MemFree), C(available) (MemAvailable), C(cached) (Cached), C(buffers), C(dirty), C(swap_total),
+              C(swap_free).
+            - C(gpus), the GPUs C(nvidia-smi) lists, each C(name) and C(memory_total_mib) (null where the driver reports
+              none), or null without C(nvidia-smi) on the node; C(nvidia_smi_error), its words when it failed, else null.
+            - C(unified), whether the GPUs' memory is the host's; C(unified_from), what decided it (V(nvidia-smi),
+              V(no nvidia-smi) or V(setting), see O(unified_memory)).
+          type: dict
+          sample: {"total": 130663165952, "free": 8167014400, "available": 121411960832, "cached": 110595489792,
+                   "buffers": 1048576, "dirty": 0, "swap_total": 0, "swap_free": 0,
+                   "gpus": [{"name": "NVIDIA GB10", "memory_total_mib": null}], "nvidia_smi_error": null,
+                   "unified": true, "unified_from": "nvidia-smi"}
 """
 
 import glob
@@ -287,6 +317,8 @@ from ansible_collections.gpulab.vllm.plugins.module_utils._node import (
     docker_images,
     docker_platform,
     listening_ports,
+    node_memory,
+    parse_gpu_query,
     parse_ip_address_json,
     read_docker_config,
     read_rdma,
@@ -338,6 +370,28 @@ def list_chains(module, tool, chains, timeout, required=True):
     return split_iptables_listing(out, chains)
 
 
+def read_memory(module, meminfo, unified):
+    """The node's memory and GPUs (node_memory), nvidia-smi asked when the node has it."""
+    try:
+        with open(meminfo) as handle:
+            text = handle.read()
+    except OSError as exc:
+        module.fail_json(msg="cannot read %s on this node: %s; node_facts reads the node's memory there (meminfo)"
+                             % (meminfo, exc.strerror or exc))
+    gpus, error = None, None
+    smi = module.get_bin_path("nvidia-smi")
+    if smi is not None:
+        rc, out, err = module.run_command([smi, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
+        if rc == 0:
+            gpus = parse_gpu_query(out)
+        else:
+            gpus = []
+            error = ((err or out).strip().splitlines() or ["exit %d" % rc])[-1]
+    memory = node_memory(text, gpus, unified)
+    memory["nvidia_smi_error"] = error
+    return memory
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -356,6 +410,8 @@ def main():
                 sha1=dict(type="str", no_log=True),
                 digest=dict(type="bool", default=False),
             )),
+            meminfo=dict(type="path", default="/proc/meminfo"),
+            unified_memory=dict(type="str", choices=["auto", "true", "false"], default="auto"),
             stopped_log_lines=dict(type="int", default=0),
             timeout=dict(type="float", default=10),
         ),
@@ -390,6 +446,7 @@ def main():
     # The address this node sees the controller connect from (OpenSSH's SSH_CLIENT); null over another connection.
     node["controller_address"] = controller_address()
     node["files"] = dict((item["path"], describe_file(item["path"], item.get("sha1"), item.get("digest"))) for item in params["files"])
+    node["memory"] = read_memory(module, params["meminfo"], params["unified_memory"])
     module.exit_json(changed=False, ansible_facts={"gpulab_node": node})
 
 

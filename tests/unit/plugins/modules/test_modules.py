@@ -18,7 +18,7 @@ except ImportError:  # ansible-core 2.17 and 2.18 read the arguments from basic.
         with mock.patch.object(basic, "_ANSIBLE_ARGS", json.dumps({"ANSIBLE_MODULE_ARGS": args}).encode()):
             yield
 
-from conftest import load_fixture
+from conftest import FIXTURES, load_fixture
 from platform_replay import RECORD, REFS, replay
 from vllm_replay import ReplayServer, closed_loopback_port
 from ansible_collections.gpulab.vllm.plugins.module_utils import _node, _wait
@@ -178,11 +178,17 @@ def node_without_deployment(monkeypatch):
         if argv[0].endswith("/docker-credential-archprobe"):
             assert argv[1:] == ["get"] and kwargs["data"] == RECORD["registry"]
             return 0, json.dumps({"ServerURL": kwargs["data"], "Username": "archprobe", "Secret": "archprobe-not-a-secret"}), ""
+        # A GB10's answer (tests/unit/fixtures/memory/, written by hand from published output), for a test that gives
+        # the node an nvidia-smi.
+        if argv[0].endswith("/nvidia-smi"):
+            assert argv[1:] == ["--query-gpu=name,memory.total", "--format=csv,noheader,nounits"]
+            return 0, (FIXTURES / "memory" / "gb10_query_gpu.csv").read_text(), ""
         assert argv[0].endswith("/ip"), argv
         return 0, lab["ip_address"]["stdout"], ""
 
     monkeypatch.setattr(_node, "docker_get", answer)
-    with mock.patch.object(basic.AnsibleModule, "get_bin_path", side_effect=lambda name, *a, **k: "/usr/sbin/" + name), \
+    # The lab's nodes have no nvidia-smi.
+    with mock.patch.object(basic.AnsibleModule, "get_bin_path", side_effect=lambda name, *a, **k: None if name == "nvidia-smi" else "/usr/sbin/" + name), \
             mock.patch.object(basic.AnsibleModule, "run_command", run_command):
         yield calls
 
@@ -228,3 +234,20 @@ def test_node_facts_asks_no_registry_by_default(capsys, node_without_deployment)
     result = run_main(node_facts, {"images": [REFS["oci_multi"]], "paths": [], "globs": []}, capsys)
     assert result["ansible_facts"]["gpulab_node"]["images"][REFS["oci_multi"]]["registry"] is None
     assert not [path for path, _headers in node_without_deployment if path.startswith("/distribution/")]
+
+
+def test_node_facts_reads_the_nodes_memory_and_whether_it_is_unified(capsys, node_without_deployment):
+    meminfo = str(FIXTURES / "memory" / "gb10_meminfo.txt")
+    result = run_main(node_facts, {"paths": [], "globs": [], "meminfo": meminfo}, capsys)
+    memory = result["ansible_facts"]["gpulab_node"]["memory"]
+    assert (memory["total"], memory["available"]) == (127600748 * 1024, 118566368 * 1024)
+    assert (memory["gpus"], memory["unified"], memory["unified_from"]) == (None, False, "no nvidia-smi")
+    forced = run_main(node_facts, {"paths": [], "globs": [], "meminfo": meminfo, "unified_memory": "true"}, capsys)
+    assert forced["ansible_facts"]["gpulab_node"]["memory"]["unified_from"] == "setting"
+    with mock.patch.object(basic.AnsibleModule, "get_bin_path", side_effect=lambda name, *a, **k: "/usr/sbin/" + name):
+        spark = run_main(node_facts, {"paths": [], "globs": [], "meminfo": meminfo}, capsys)
+    memory = spark["ansible_facts"]["gpulab_node"]["memory"]
+    assert memory["gpus"] == [{"name": "NVIDIA GB10", "memory_total_mib": None}]
+    assert (memory["unified"], memory["unified_from"], memory["nvidia_smi_error"]) == (True, "nvidia-smi", None)
+    missing = run_main(node_facts, {"paths": [], "globs": [], "meminfo": "/proc/no-such-meminfo"}, capsys)
+    assert missing["msg"].startswith("cannot read /proc/no-such-meminfo on this node: No such file or directory")
