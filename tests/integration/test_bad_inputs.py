@@ -194,6 +194,11 @@ CASES = [
      ["--enable-tokenizer-info-endpoint in vllm_server_extra_args"]),
     ("client-cidr-malformed", None, {"vllm_server_client_cidrs": ["office"]},
      ["vllm_server_client_cidrs on node1: office", "give networks in CIDR form"]),
+    # The lab's nodes are not unified memory: node_unified_memory says they are, and 0.99 of MemTotal with the head's
+    # other processes exceeds MemAvailable on any machine, so the preflight refuses before anything starts.
+    ("unified-memory-too-small", None, {"node_unified_memory": "true", "qwen35_gpu_memory_utilization": 0.99},
+     ["node1: unified memory (the GPU's memory is the host's)", "GiB available (MemAvailable)",
+      "vllm_server_gpu_memory_utilization (qwen35_gpu_memory_utilization for deploy_qwen35)"]),
     ("dashboard-beyond-loopback", None, {"ray_cluster_dashboard": True, "ray_cluster_dashboard_host": "0.0.0.0"},
      ["ray_cluster_dashboard_host=0.0.0.0 on node", "has no authentication", "ray_cluster_dashboard_public: true"]),
 ]
