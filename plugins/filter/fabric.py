@@ -241,7 +241,18 @@ def fabric_problem(facts: dict, subnet: str, host: str = "this host", expected: 
     return ""
 
 
+def fabric_duplicates(addresses) -> list:
+    """The addresses that more than one node holds, each once, in the order the nodes are listed.
+
+    addresses: every node's fabric address, one per node, as the fabric role found them; the role stops the play
+    before anything changes when this is not empty."""
+    counts: dict = {}
+    for address in addresses:
+        counts[address] = counts.get(address, 0) + 1
+    return [address for address, count in counts.items() if count > 1]
+
+
 class FilterModule:
     def filters(self):
         return {"fabric_interface": fabric_interface, "fabric_rdma": fabric_rdma, "fabric_env": fabric_env,
-                "cidr_problem": cidr_problem, "fabric_problem": fabric_problem}
+                "cidr_problem": cidr_problem, "fabric_problem": fabric_problem, "fabric_duplicates": fabric_duplicates}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpulab.vllm.plugins.filter.fabric import cidr_problem, fabric_env, fabric_interface
+from ansible_collections.gpulab.vllm.plugins.filter.fabric import cidr_problem, fabric_duplicates, fabric_env, fabric_interface
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "facts"
 
@@ -87,3 +87,19 @@ def test_env_with_rdma_devices_and_extra():
     assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
     assert "NCCL_IB_DISABLE" not in env
     assert env["NCCL_IB_GID_INDEX"] == "3" and env["NCCL_DEBUG"] == "WARN"
+
+
+def test_duplicates_none_on_the_labs():
+    # The two-node lab's and the two Sparks' fabric addresses, in play order.
+    assert fabric_duplicates(["10.220.0.11", "10.220.0.12"]) == []
+    assert fabric_duplicates(["192.168.200.12", "192.168.200.13"]) == []
+    assert fabric_duplicates(["192.168.200.12"]) == []
+    assert fabric_duplicates([]) == []
+
+
+def test_duplicates_each_once_in_the_order_of_the_nodes():
+    # A host block copied for a third Spark with its fabric_address left as spark-2's.
+    assert fabric_duplicates(["192.168.200.12", "192.168.200.13", "192.168.200.13"]) == ["192.168.200.13"]
+    # Four nodes, two addresses shared: named once each, the first node's first, not sorted.
+    assert fabric_duplicates(["10.220.0.13", "10.220.0.11", "10.220.0.13", "10.220.0.11", "10.220.0.12",
+                              "10.220.0.11"]) == ["10.220.0.13", "10.220.0.11"]
