@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import mmap
+import os
+from pathlib import Path
+from unittest import mock
 
 from conftest import FIXTURES, REPO
 
@@ -20,7 +25,8 @@ def test_two_ranks_over_the_socket_plugin():
     for rank in (0, 1):
         found = check.parse_nccl_log(log(f"h200_2ranks_as_hosts_socket_rank{rank}"))
         # IB found no device, so NCCL fell back to sockets: the devices are the socket plugin's, not IB's "[RO]".
-        assert found == {"network": "Socket", "devices": ["eth0:192.0.2.2<0>"], "transports": ["NET/Socket"]}
+        assert found == {"network": "Socket", "devices": ["eth0:192.0.2.2<0>"], "transports": ["NET/Socket"],
+                         "version": "2.28.9+cuda13.0"}
 
 
 def test_one_rank_has_no_channels():
@@ -29,7 +35,50 @@ def test_one_rank_has_no_channels():
 
 
 def test_an_empty_log_reports_nothing():
-    assert check.parse_nccl_log("") == {"network": None, "devices": [], "transports": []}
+    assert check.parse_nccl_log("") == {"network": None, "devices": [], "transports": [], "version": None}
+
+
+def test_two_roce_hcas_on_a_public_dgx_h100_log():
+    for host in (3, 4):
+        found = check.parse_nccl_log(log(f"public_dgxh100_roce_host{host}"))
+        # "[RO]" (relaxed ordering) and the OOB interface are not devices.
+        assert found["network"] == "IB" and found["devices"] == ["mlx5_10:1/RoCE", "mlx5_11:1/RoCE"]
+    assert check.parse_nccl_log(log("public_dgxh100_roce_host4"))["version"] == "2.19.3+cuda12.3"
+
+
+def test_the_mapped_libnccl_is_found_and_hashed(tmp_path):
+    """A real mapping of this process: a file named as NCCL's core library, mapped, then read back from
+    /proc/self/maps; a plugin's library beside it is not NCCL's core."""
+    core = tmp_path / "lib" / "libnccl.so.2"
+    plugin = tmp_path / "lib" / "libnccl-net.so"
+    core.parent.mkdir()
+    core.write_bytes(b"\x7fELF core" * 1000)
+    plugin.write_bytes(b"\x7fELF plugin" * 1000)
+    with open(core, "rb") as one, open(plugin, "rb") as two:
+        maps = (mmap.mmap(one.fileno(), 0, access=mmap.ACCESS_READ), mmap.mmap(two.fileno(), 0, access=mmap.ACCESS_READ))
+        try:
+            found = check.loaded_nccl(Path("/proc/self/maps").read_text(), "2.28.9")
+        finally:
+            for mapped in maps:
+                mapped.close()
+    assert found == {"path": str(core), "version": "2.28.9", "sha256": hashlib.sha256(core.read_bytes()).hexdigest()}
+    assert check.loaded_nccl(Path("/proc/self/maps").read_text()) == {"path": None, "version": None, "sha256": None}
+
+
+def test_what_a_rank_inherited(tmp_path):
+    conf = tmp_path / "nccl.conf"
+    conf.write_text("# left by an image\nNCCL_IB_USE_INLINE=1\n\nNCCL_IB_DISABLE=0\n")
+    found = check.nccl_settings({"NCCL_CONF_FILE": str(conf), "NCCL_IB_HCA": "=mlx5_0:1", "PATH": "/usr/bin"})
+    assert found == {"env": {"NCCL_CONF_FILE": str(conf), "NCCL_IB_HCA": "=mlx5_0:1"},
+                     "conf": {str(conf): ["NCCL_IB_USE_INLINE=1", "NCCL_IB_DISABLE=0"]}}
+    # Without NCCL_CONF_FILE NCCL reads ~/.nccl.conf and /etc/nccl.conf: only those that exist are reported.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".nccl.conf").write_text("NCCL_DEBUG=WARN\n")
+    with mock.patch.dict(os.environ, {"HOME": str(home)}):
+        found = check.nccl_settings({})
+    assert found["conf"][str(home / ".nccl.conf")] == ["NCCL_DEBUG=WARN"]
+    assert set(found["conf"]) <= {str(home / ".nccl.conf"), "/etc/nccl.conf"}
 
 
 def test_ranks_are_ordered_as_vllm_orders_them():

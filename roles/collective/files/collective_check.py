@@ -13,6 +13,7 @@ Without Ray, --local N runs N processes on this host (a probe of one machine).
 import argparse
 import datetime
 import glob
+import hashlib
 import json
 import os
 import re
@@ -28,9 +29,13 @@ def parse_nccl_log(text):
     plugin uses (as NCCL names them: 'mlx5_0:1/IB', 'eth0:10.0.0.1<0>') and the transports of its channels
     ('NET/IB', 'NET/Socket', 'P2P', 'SHM')."""
     network = None
+    version = None
     devices = {}
     transports = set()
     for line in text.splitlines():
+        found = re.search(r"NCCL version (\S+)", line)
+        if found:
+            version = found.group(1)
         found = re.search(r"NCCL INFO Using network (\S+)", line)
         if found:
             network = found.group(1)
@@ -42,7 +47,53 @@ def parse_nccl_log(text):
         found = re.search(r"via (NET/\w+|P2P|SHM|CollNet\w*)", line)
         if found:
             transports.add(found.group(1))
-    return {"network": network, "devices": devices.get(network, []), "transports": sorted(transports)}
+    return {"network": network, "devices": devices.get(network, []), "transports": sorted(transports),
+            "version": version}
+
+
+# NCCL's core library, not its plugins (libnccl-net.so, libnccl-tuner.so, ...).
+NCCL_LIBRARY = re.compile(r"/libnccl\.so(\.\d+)*$")
+# Where NCCL reads settings besides its environment: NCCL_CONF_FILE, else ~/.nccl.conf, then /etc/nccl.conf.
+NCCL_CONF_FILES = ("~/.nccl.conf", "/etc/nccl.conf")
+
+
+def _sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def loaded_nccl(maps_text, version=None):
+    """The NCCL this process loaded, from /proc/self/maps: {'path', 'version', 'sha256'}, path None when no libnccl
+    is mapped (NCCL linked into PyTorch itself, or not loaded)."""
+    paths = sorted({line.split(None, 5)[5].strip() for line in maps_text.splitlines()
+                    if len(line.split(None, 5)) == 6 and NCCL_LIBRARY.search(line.split(None, 5)[5].strip())})
+    found = {"path": None, "version": version, "sha256": None}
+    if paths:
+        found["path"] = paths[0] if len(paths) == 1 else ", ".join(paths)
+        try:
+            found["sha256"] = ":".join(_sha256(path) for path in paths)
+        except OSError as exc:
+            found["sha256"] = "unreadable (%s)" % exc.strerror
+    return found
+
+
+def nccl_settings(environ):
+    """What the rank inherited that changes NCCL: its NCCL_* variables and the configuration files NCCL reads."""
+    if environ.get("NCCL_CONF_FILE"):
+        files = [environ["NCCL_CONF_FILE"]]
+    else:
+        files = [os.path.expanduser(path) for path in NCCL_CONF_FILES]
+    conf = {}
+    for path in files:
+        try:
+            with open(path) as handle:
+                conf[path] = [line.strip() for line in handle if line.strip() and not line.lstrip().startswith("#")]
+        except OSError:
+            continue
+    return {"env": {key: value for key, value in sorted(environ.items()) if key.startswith("NCCL_")}, "conf": conf}
 
 
 def _sync(torch, device):
@@ -80,6 +131,8 @@ def run_rank(rank, world, init_method, backend, size_bytes, iterations, peers, t
         "busbw_gbps": round(algbw * 2 * (world - 1) / world * 8 / 1e9, 3),
         "links_gbps": {},
     }
+    if backend == "nccl":
+        result["torch_nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
     for peer in peers:
         if rank in (0, peer):
             other = peer if rank == 0 else 0
@@ -115,7 +168,7 @@ def rank_environment(rank):
     return path
 
 
-def finish_rank(result, log_path, backend, keep_logs=None):
+def finish_rank(result, log_path, backend, keep_logs=None, inherited=None):
     if backend == "nccl":
         try:
             with open(log_path) as handle:
@@ -123,6 +176,13 @@ def finish_rank(result, log_path, backend, keep_logs=None):
         except OSError:
             text = ""
         result["nccl"] = parse_nccl_log(text)
+        try:
+            with open("/proc/self/maps") as handle:
+                maps = handle.read()
+        except OSError:
+            maps = ""
+        result["nccl"]["library"] = loaded_nccl(maps, result["nccl"]["version"] or result.get("torch_nccl"))
+        result["nccl"]["inherited"] = inherited or {"env": {}, "conf": {}}
         if keep_logs:
             with open(os.path.join(keep_logs, "nccl_rank%d.log" % result["rank"]), "w") as handle:
                 handle.write(text)
@@ -144,9 +204,10 @@ class Rank:
                 "port": free_port(ip)}
 
     def run(self, rank, world, init_method, backend, size_bytes, iterations, peers, timeout_s):
+        inherited = nccl_settings(os.environ)
         log_path = rank_environment(rank) if backend == "nccl" else None
         result = run_rank(rank, world, init_method, backend, size_bytes, iterations, peers, timeout_s)
-        return finish_rank(result, log_path, backend)
+        return finish_rank(result, log_path, backend, inherited=inherited)
 
 
 def order_ranks(infos, head_ip):
@@ -180,6 +241,10 @@ def summarize(backend, world, size_bytes, iterations, infos, results, started):
         "allreduce_s": max(result["allreduce_s"] for result in results) if results else None,
         "join_s": max(result["join_s"] for result in results) if results else None,
         "nodes": sorted(nodes.values(), key=lambda node: min(node["ranks"])),
+        # Each rank's NCCL build and what it inherited: one build everywhere, or the collective fails naming both.
+        "nccl_ranks": [dict(result["nccl"].get("library") or {}, rank=result["rank"], ip=info["ip"],
+                            inherited=result["nccl"].get("inherited") or {"env": {}, "conf": {}})
+                       for info, result in zip(infos, results)] if backend == "nccl" else [],
         "elapsed_s": round(time.perf_counter() - started, 2),
         "error": None,
     }
@@ -247,6 +312,7 @@ def run_ray(args, started):
 
 
 def _local_rank(rank, args, init_method, backend, peers, queue):
+    inherited = nccl_settings(os.environ)
     if args.as_hosts:
         # NCCL takes ranks with another host ID for other hosts: two ranks on one GPU then talk over its network
         # plugin (IB or Socket) as two nodes would, which a one-GPU machine cannot show otherwise.
@@ -254,7 +320,7 @@ def _local_rank(rank, args, init_method, backend, peers, queue):
     log_path = rank_environment(rank) if backend == "nccl" else None
     result = run_rank(rank, args.local, init_method, backend, args.size_mb * 2 ** 20, args.iterations, peers,
                       args.timeout)
-    queue.put(finish_rank(result, log_path, backend, args.keep_logs))
+    queue.put(finish_rank(result, log_path, backend, args.keep_logs, inherited))
 
 
 def run_local(args, started):
