@@ -67,7 +67,9 @@ def fabric_interface(facts: dict, subnet: str, host: str = "this host", expected
             f"{host}: the fabric interface {iface} ({addr}) is down; bring it up (ip link set {iface} up) "
             f"and check its cable and switch port"
         )
-    return {"interface": iface, "address": addr, "prefix": network.prefixlen, "network": str(network)}
+    mtu = info.get("mtu")
+    return {"interface": iface, "address": addr, "prefix": network.prefixlen, "network": str(network),
+            "mtu": int(mtu) if mtu else None}
 
 
 def _pci_parts(pci):
@@ -252,7 +254,27 @@ def fabric_duplicates(addresses) -> list:
     return [address for address, count in counts.items() if count > 1]
 
 
+def fabric_mtu_problem(mtus) -> str:
+    """Why the nodes' fabric MTUs cannot carry the collectives, or ''.
+
+    mtus: [host, interface, mtu] per node, as the fabric role found them. Nodes whose fabric interfaces differ in MTU
+    lose every frame larger than the smallest one (a NIC reset to 1500 beside nodes at 9000): RDMA and TCP stall or
+    crawl instead of failing, so the play stops here, before anything changes."""
+    known = [(str(host), str(iface), int(mtu)) for host, iface, mtu in mtus or [] if mtu]
+    if len({mtu for unused_host, unused_iface, mtu in known}) < 2:
+        return ""
+    # The fix: the MTU most nodes have; between as many, the larger (a NIC reset to 1500 beside one at 9000).
+    most = max({mtu for unused_host, unused_iface, mtu in known},
+               key=lambda value: (sum(1 for item in known if item[2] == value), value))
+    listed = ", ".join(f"{host} {iface} {mtu}" for host, iface, mtu in known)
+    odd = [f"ip link set dev {iface} mtu {most} on {host}" for host, iface, mtu in known if mtu != most]
+    return (f"the fabric interfaces differ in MTU ({listed}): frames larger than the smallest are lost between them; "
+            f"give every node's fabric interface and the switch one MTU ({'; '.join(odd)}), and in the host's network "
+            f"configuration so that a reboot keeps it")
+
+
 class FilterModule:
     def filters(self):
         return {"fabric_interface": fabric_interface, "fabric_rdma": fabric_rdma, "fabric_env": fabric_env,
-                "cidr_problem": cidr_problem, "fabric_problem": fabric_problem, "fabric_duplicates": fabric_duplicates}
+                "cidr_problem": cidr_problem, "fabric_problem": fabric_problem, "fabric_duplicates": fabric_duplicates,
+                "fabric_mtu_problem": fabric_mtu_problem}

@@ -380,3 +380,42 @@ def test_ray_without_token_authentication_is_refused_unless_auth_is_off(lab, tmp
     assert after == before
     checked = deploy(inventory, "--check", "-e", json.dumps(dict(overrides, ray_cluster_auth=False)), playbook="deploy.yml")
     assert "older than 2.52.0" not in checked.stdout
+
+
+def _fabric_mtu(mtus: dict) -> None:
+    """Set the MTU of lab nodes' fabric interfaces, inside their namespaces; the bridge's side stays at 1500."""
+    interfaces = {"node1": "enp1s0f0np0", "node2": "enP2p1s0f1np1"}
+    for node, mtu in mtus.items():
+        _in_node(node, "ip", "link", "set", "dev", interfaces[node], "mtu", str(mtu)).check_returncode()
+
+
+def test_fabric_interfaces_that_differ_in_mtu_fail_before_any_change(lab):
+    _fabric_mtu({"node2": 9000})
+    try:
+        before = snapshot(lab["nodes"])
+        result = deploy(LAB_INVENTORY)
+        after = snapshot(lab["nodes"])
+    finally:
+        _fabric_mtu({"node2": 1500})
+    text = " ".join(error_lines(result.stdout))
+    assert result.returncode != 0
+    assert "the fabric interfaces differ in MTU (node1 enp1s0f0np0 1500, node2 enP2p1s0f1np1 9000)" in text, text
+    assert after == before
+
+
+def test_a_path_narrower_than_the_fabric_mtu_is_named_before_ray_starts(lab):
+    """Both nodes at 9000, the bridge between them at 1500 (a switch port left at its default): the nodes agree, so
+    only the don't-fragment ping at admission shows it, after the firewall and before any container."""
+    _fabric_mtu({"node1": 9000, "node2": 9000})
+    try:
+        before = snapshot(lab["nodes"])
+        result = deploy(LAB_INVENTORY)
+        after = snapshot(lab["nodes"])
+    finally:
+        _fabric_mtu({"node1": 1500, "node2": 1500})
+    text = " ".join(error_lines(result.stdout))
+    assert result.returncode != 0
+    assert ("node2 (enP2p1s0f1np1 10.220.0.12) reaches the Ray head node1 at 10.220.0.11 over the fabric, but not with "
+            "a packet of its MTU (9000 bytes, not fragmented)") in text, text
+    assert {node: after[node]["containers"] for node in lab["nodes"]} == \
+        {node: before[node]["containers"] for node in lab["nodes"]}

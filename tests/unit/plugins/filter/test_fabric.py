@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpulab.vllm.plugins.filter.fabric import cidr_problem, fabric_duplicates, fabric_env, fabric_interface
+from ansible_collections.gpulab.vllm.plugins.filter.fabric import (
+    cidr_problem, fabric_duplicates, fabric_env, fabric_interface, fabric_mtu_problem)
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "facts"
 
@@ -24,8 +25,30 @@ def test_picks_the_fabric_interface_not_the_management_one(node1):
         "address": "10.220.0.11",
         "prefix": 24,
         "network": "10.220.0.0/24",
+        "mtu": 1500,
     }
     assert fabric_interface(node1, "10.210.0.0/24", "node1")["interface"] == "eth0"
+
+
+def test_one_mtu_on_every_fabric_interface_passes(node1):
+    found = fabric_interface(node1, "10.220.0.0/24", "node1")
+    assert fabric_mtu_problem([["node1", found["interface"], found["mtu"]], ["node2", "enp1s0f0np0", 1500]]) == ""
+    # A node whose read has no MTU is not judged.
+    assert fabric_mtu_problem([["node1", "enp1s0f0np0", 1500], ["node2", "enp1s0f0np0", None]]) == ""
+
+
+@pytest.mark.parametrize("mtus, named, fix", [
+    # A NIC reset to 1500 beside one at 9000: between as many, the larger is the fix.
+    ([["spark1", "enP2p1s0f1np1", 9000], ["spark2", "enP2p1s0f1np1", 1500]],
+     "spark1 enP2p1s0f1np1 9000, spark2 enP2p1s0f1np1 1500", "ip link set dev enP2p1s0f1np1 mtu 9000 on spark2"),
+    # Otherwise the MTU most nodes have.
+    ([["h1", "ib0", 4092], ["h2", "ib0", 2044], ["h3", "ib0", 2044]],
+     "h1 ib0 4092, h2 ib0 2044, h3 ib0 2044", "ip link set dev ib0 mtu 2044 on h1"),
+])
+def test_fabric_interfaces_that_differ_in_mtu_are_named(mtus, named, fix):
+    problem = fabric_mtu_problem(mtus)
+    assert problem.startswith(f"the fabric interfaces differ in MTU ({named}): frames larger than the smallest are lost")
+    assert f"({fix})" in problem
 
 
 def test_no_address_on_the_subnet_names_host_and_addresses(node1):

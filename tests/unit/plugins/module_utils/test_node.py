@@ -143,11 +143,12 @@ def test_fabric_interface_finds_the_fabric_link(name):
     netns = load_fixture("node", name)["netns"]
     address = ADDRESSES[netns][FABRIC_IF]
     network = network_of(name)
-    expected = {"interface": FABRIC_IF, "address": address, "prefix": 24, "network": "10.220.0.0/24"}
+    # The lab's veths carry the kernel's default MTU, as recorded.
+    expected = {"interface": FABRIC_IF, "address": address, "prefix": 24, "network": "10.220.0.0/24", "mtu": 1500}
     assert fabric_interface(network, FABRIC_SUBNET, HOST[netns]) == expected
     assert fabric_interface(network, FABRIC_SUBNET, HOST[netns], address) == expected
     assert fabric_interface(network, "10.210.0.0/24", HOST[netns]) == {
-        "interface": "eth0", "address": ADDRESSES[netns]["eth0"], "prefix": 24, "network": "10.210.0.0/24"}
+        "interface": "eth0", "address": ADDRESSES[netns]["eth0"], "prefix": 24, "network": "10.210.0.0/24", "mtu": 1500}
     with pytest.raises(AnsibleFilterError, match="has no address on the fabric subnet 192.168.200.0/24"):
         fabric_interface(network, "192.168.200.0/24", HOST[netns])
 
