@@ -3,7 +3,8 @@
 Stages (tests/README.md says what each proves and its budget):
   static, run at the lowest priority (nice 19) beside the image builds and the lab stages: lint (ansible-lint, production
   profile), sanity (ansible-test, compile and import on the node Pythons 3.9 to 3.13 too), unit (pytest on
-  recorded fixtures), collection (build the tarball, resolve the modules by FQCN from an install of it),
+  recorded fixtures), collection (build the tarball, install it on ansible-core alone beside only the collections
+  galaxy.yml declares, resolve its plugins by FQCN and every name its code uses from there),
   matrix (unit and sanity on ansible-core 2.17 and 2.19);
   on the lab, in order: lab (the modules, bad inputs, faults and the serving chain on today's images),
   molecule:default (the Ray-only chain), molecule:node_lost, then lab:seed
