@@ -284,13 +284,19 @@ def failure_message(report, base_url, wait=None):
 
 # The stages of a vLLM server's start, in order, with the log line that says each has begun (vLLM's own words;
 # the V1 engine prints them from the API server and the engine core processes alike). The last one seen wins.
+# The compile lines: vLLM's compilation backend names its cache folder and the Dynamo transform once Dynamo has traced
+# the model, says which graph it caches (then compiles the graph's pieces, silently) and what that took, or that it
+# loaded them from its cache; torch.compile's total ends the phase ("takes" up to 0.2x, "took" in later releases).
 _LOAD_STAGES = (
     ("engine start", re.compile(r"Initializing a V1 LLM engine|Waiting for init message|vLLM API server version")),
     ("weights", re.compile(r"Starting to load model|Loading model from scratch|Loading safetensors checkpoint shards")),
     ("weights loaded", re.compile(r"Loading weights took|Model loading took")),
-    ("compiling", re.compile(r"torch\.compile takes|Compiling a graph for|Dynamo bytecode transform time")),
-    ("memory profiling", re.compile(r"Memory profiling takes|Available KV cache memory|KV cache size")),
-    ("graph capture", re.compile(r"Capturing CUDA graphs|Graph capturing finished")),
+    ("compiling", re.compile(r"torch\.compile (?:takes|took) [\d.]+ s in total|for vLLM's torch\.compile"
+                             r"|Compiling a graph for|Dynamo bytecode transform time|Cache the graph (?:of|for)"
+                             r"|Directly load the compiled graph")),
+    ("memory profiling", re.compile(r"Memory profiling takes|Available KV cache memory|KV cache size"
+                                    r"|Profiling CUDA graph memory")),
+    ("graph capture", re.compile(r"Capturing CUDA graph|Graph capturing finished")),
     ("warmup done", re.compile(r"init engine \(profile, create kv cache, warmup model\) took")),
     ("API server starting", re.compile(r"Starting vLLM API server|Starting vLLM server on|Available routes are")),
     ("ready", re.compile(r"Application startup complete")),
@@ -299,11 +305,43 @@ _SHARDS = re.compile(r"Loading safetensors checkpoint shards:\s+(\d+)% Completed
 _LOAD_ORDER = dict((stage, index) for index, (stage, _pattern) in enumerate(_LOAD_STAGES))
 _LOAD_ORDER["starting"] = -1
 
+# The stages in which vLLM compiles: torch.compile (Dynamo, then Inductor's kernels) and the CUDA graphs it captures,
+# which a first start on a node (no compile cache yet) spends the longest in without a new line.
+COMPILE_STAGES = ("compiling", "graph capture")
+
+# What vLLM says it compiles or captures, each as (its line, the words of the progress line); no colon in the words,
+# so that a message that quotes them stays one "stage S: ..." clause.
+_COMPILE_WORDS = (
+    (re.compile(r"Using cache directory: (\S+) for vLLM's torch\.compile"), "torch.compile, cache %s"),
+    (re.compile(r"Dynamo bytecode transform time: ([\d.]+) s"), "torch.compile, Dynamo transform took %s s"),
+    (re.compile(r"Cache the graph (?:of|for) (.+?) for later use"), "torch.compile, compiling the graph for %s"),
+    (re.compile(r"Compiling a graph for (.+?) takes ([\d.]+) s"), "torch.compile, compiled the graph for %s in %s s"),
+    (re.compile(r"Directly load the compiled graph\(?s?\)? for (.+?) from the cache, took ([\d.]+) s"),
+     "torch.compile, loaded the graphs for %s from the cache in %s s"),
+    (re.compile(r"torch\.compile (?:takes|took) ([\d.]+) s in total"), "torch.compile took %s s in total"),
+    (re.compile(r"Capturing CUDA graph(?:s| shapes)(?: \(([^)]*)\))?:\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)"), None),
+    (re.compile(r"Graph capturing finished in (\d+) secs, took ([\d.]+) GiB"), "CUDA graphs captured in %s s, %s GiB"),
+)
+
+
+def _compile_words(line):
+    """What a compile or capture line of vLLM's says, in the progress line's words; None for another line."""
+    for pattern, words in _COMPILE_WORDS:
+        found = pattern.search(line)
+        if found is None:
+            continue
+        if words is None:
+            kind, done, total = found.groups()
+            return "capturing CUDA graphs%s, %s of %s" % (" (%s)" % kind if kind else "", done, total)
+        return words % found.groups()
+    return None
+
 
 def load_progress(log_text):
     """Where a starting server is, read from its log: {'stage', 'detail', 'shards_done', 'shards_total',
     'lines'}; stage 'starting' before any known line. 'detail' is the line that set the stage (or the latest shard
-    count), trimmed; 'lines' counts the log's lines, so that a caller can tell a log that grows from one that stalls."""
+    count, or what vLLM compiles or captures), trimmed; 'lines' counts the log's lines, so that a caller can tell a log
+    that grows from one that stalls."""
     text = re.sub(r"\x1b\[[0-9;]*m", "", log_text or "")
     # tqdm redraws a bar with carriage returns: each redraw counts as a line of its own.
     lines = [line.strip() for line in re.split(r"[\r\n]+", text) if line.strip()]
@@ -312,9 +350,55 @@ def load_progress(log_text):
         for stage, pattern in _LOAD_STAGES:
             if pattern.search(line) and _LOAD_ORDER[stage] >= _LOAD_ORDER.get(found["stage"], -1):
                 found["stage"], found["detail"] = stage, line[:200]
+                if stage in COMPILE_STAGES:
+                    found["detail"] = (_compile_words(line) or line)[:200]
         shards = _SHARDS.search(line)
         if shards:
             found["shards_done"], found["shards_total"] = int(shards.group(2)), int(shards.group(3))
     if found["stage"] == "weights" and found["shards_total"]:
         found["detail"] = "shard %s of %s" % (found["shards_done"], found["shards_total"])
     return found
+
+
+def load_words(load):
+    """The stage of a start as the progress line and the stall message say it: the weights with their shard count,
+    a compile phase as 'compiling (what vLLM says it compiles or captures)', any other stage by its name."""
+    if not load:
+        return None
+    stage, detail = load.get("stage"), load.get("detail")
+    if stage == "weights" and detail:
+        return "weights (%s)" % detail
+    if stage in COMPILE_STAGES:
+        return "compiling (%s)" % (detail or stage)
+    return stage
+
+
+def stall_limit(stage, first_start, stall_timeout, first_start_stall_timeout):
+    """Which stall limit judges a start now: {'seconds', 'option'}, option being the module option it came from.
+
+    A first start of the image on this node (no compile cache yet) gets first_start_stall_timeout while vLLM compiles
+    or captures graphs, when that is the longer one; every other stage, and every later start, gets stall_timeout.
+    A stall_timeout of 0 judges no stall at all."""
+    stall_timeout = float(stall_timeout or 0)
+    first_start_stall_timeout = float(first_start_stall_timeout or 0)
+    if stall_timeout <= 0:
+        return {"seconds": 0.0, "option": "stall_timeout"}
+    if first_start and stage in COMPILE_STAGES and first_start_stall_timeout > stall_timeout:
+        return {"seconds": first_start_stall_timeout, "option": "first_start_stall_timeout"}
+    return {"seconds": stall_timeout, "option": "stall_timeout"}
+
+
+def proven_images(text):
+    """The image IDs a proven-images file lists (one per line; '#' starts a comment)."""
+    images = []
+    for line in (text or "").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and line not in images:
+            images.append(line)
+    return images
+
+
+def proven_images_text(images):
+    """A proven-images file listing images, in their order."""
+    return "# Images whose vLLM server answered a real completion on this node (gpulab.vllm.vllm_health)\n" + "".join(
+        "%s\n" % image for image in images)

@@ -45,6 +45,23 @@ options:
         at that granularity. V(0) never judges a stall.
     type: float
     default: 0
+  first_start_stall_timeout:
+    description:
+      - The stall limit, in place of O(stall_timeout) when it is longer, while the server compiles (torch.compile)
+        or captures CUDA graphs on the first start of its image on this host (RV(first_start)), as with no compile
+        cache yet those phases can stay silent longer than any other stage. V(0) gives them O(stall_timeout) too.
+    type: float
+    default: 0
+  image_id:
+    description:
+      - The ID of the server's image; with O(proven_images_file), what tells a first start from a later one.
+    type: str
+  proven_images_file:
+    description:
+      - A file on this host listing the images (O(image_id)) whose server answered a real completion here, one per line.
+        An image it does not list makes RV(first_start) true; once the server is healthy the image is added to it
+        (written beside it and renamed over it, mode 0644), which reports a change. Check mode writes nothing.
+    type: path
   container:
     description:
       - Name of the Docker container that runs the server, on the host where the module runs.
@@ -108,7 +125,9 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: The probes only read; the generation changes no state, so it runs in check mode too.
+    details: >-
+      The probes only read; the generation changes no state, so it runs in check mode too. The image is not added to
+      O(proven_images_file) in check mode.
   diff_mode:
     support: none
 notes:
@@ -154,10 +173,31 @@ load:
     - Where the server is in its start, read from its log (the last 2000 lines) when a wait with O(container) ends
       unhealthy. C(stage) is one of V(starting), V(engine start), V(weights), V(weights loaded), V(compiling),
       V(memory profiling), V(graph capture), V(warmup done), V(API server starting), V(ready); C(detail) the line
-      that set it (or V(shard K of N) while weights load); C(shards_done), C(shards_total); C(lines).
+      that set it (V(shard K of N) while weights load; in V(compiling) and V(graph capture), what vLLM says it compiles
+      or captures, such as V(torch.compile, compiling the graph for compile range (1, 8192)) or
+      V(capturing CUDA graphs (mixed prefill-decode, PIECEWISE), 30 of 67)); C(shards_done), C(shards_total); C(lines).
   type: dict
   returned: when O(wait=true), O(container) is given and the server is not healthy
   sample: {"stage": "weights", "detail": "shard 12 of 25", "shards_done": 12, "shards_total": 25, "lines": 431}
+first_start:
+  description:
+    - Whether O(proven_images_file) did not list O(image_id) when the module read it, so that the first healthy
+      start of this image on this host is still to come. Null without both options.
+  type: bool
+  returned: always
+  sample: false
+image_id:
+  description: O(image_id), as given; null without it.
+  type: str
+  returned: always
+  sample: sha256:0f5c2bd7c6a4
+recorded_image:
+  description:
+    - Whether this call added O(image_id) to O(proven_images_file) (the server was healthy and the file did not list
+      it).
+  type: bool
+  returned: always
+  sample: true
 healthy:
   description: Whether every stage passed.
   type: bool
@@ -230,7 +270,9 @@ waited:
   sample: {elapsed: 48.2, polls: 23}
 """
 
+import os
 import re
+import tempfile
 from urllib.parse import quote
 
 from ansible.module_utils.basic import AnsibleModule
@@ -298,6 +340,33 @@ class VllmHealthCheck(object):
             max_tokens=self.params["max_tokens"], metrics=self.params["metrics"])
 
 
+def read_proven_images(path):
+    """The images path lists; None without a path, an empty list when the file is not there yet."""
+    if not path:
+        return None
+    try:
+        with open(path) as handle:
+            return _vllm_probe.proven_images(handle.read())
+    except FileNotFoundError:
+        return []
+
+
+def write_proven_images(path, images):
+    """Write the list beside path and rename it over path: a reader sees the old list or the new one, whole."""
+    folder = os.path.dirname(path) or "."
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=".proven_images.", dir=folder)
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(_vllm_probe.proven_images_text(images))
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
 def main():
     argument_spec = dict(
         base_url=dict(type="str", required=True),
@@ -314,6 +383,9 @@ def main():
         wait_sleep=dict(type="float", default=2),
         progress_interval=dict(type="float", default=30),
         stall_timeout=dict(type="float", default=0),
+        first_start_stall_timeout=dict(type="float", default=0),
+        image_id=dict(type="str"),
+        proven_images_file=dict(type="path"),
         wait_resume=dict(type="dict"),
         validate_certs=dict(type="bool", default=True),
         container=dict(type="str"),
@@ -331,6 +403,9 @@ def main():
     if problem:
         module.fail_json(msg=problem)
 
+    proven = read_proven_images(params["proven_images_file"]) if params["image_id"] else None
+    first_start = None if proven is None else params["image_id"] not in proven
+
     check = VllmHealthCheck(module)
     outcome = poll_until(check.probe, lambda report: report["healthy"], params["wait"],
                          params["wait_timeout"], params["wait_sleep"],
@@ -346,7 +421,17 @@ def main():
         time_to_first_token_s=report["time_to_first_token_s"],
         generated_text=report["generated_text"],
         waited=dict(elapsed=round(outcome.elapsed, 3), polls=outcome.polls),
+        first_start=first_start,
+        image_id=params["image_id"],
+        recorded_image=False,
     )
+    if report["healthy"] and first_start and not module.check_mode:
+        try:
+            write_proven_images(params["proven_images_file"], proven + [params["image_id"]])
+        except OSError as exc:
+            module.fail_json(msg="the server answered, but %s could not be written: %s"
+                             % (params["proven_images_file"], exc), **result)
+        result.update(changed=True, recorded_image=True)
     if not report["healthy"] and params["container"] and params["wait"]:
         # Where the server is in its start (weights shard k of N, memory profiling, graph capture, ...) and what it
         # says last: the progress a waiting play shows, and how it tells a load that advances from one that stalls.

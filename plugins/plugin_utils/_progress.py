@@ -28,12 +28,14 @@ def _number(value, default):
         return float(default)
 
 
-def run_in_slices(action, task_vars, default_timeout, describe, progress, advance=None, stalled=None, carry=None):
+def run_in_slices(action, task_vars, default_timeout, describe, progress, advance=None, stalled=None, carry=None,
+                  stall_limit=None):
     """The module's result, waited for in slices with a progress line between them.
 
     describe(args): what the wait is for; progress(result): what the last slice saw (one line). advance(result),
-    when given, is what must change for the wait to count as advancing; with args' stall_timeout above 0, a wait
-    whose advance() has not changed for that long ends failed, with stalled(result, seconds) as its message.
+    when given, is what must change for the wait to count as advancing; with a stall limit above 0, a wait whose
+    advance() has not changed for that long ends failed, with stalled(result, seconds) as its message. The limit is
+    args' stall_timeout, or stall_limit(result, args) when given (a limit that depends on what the wait has seen).
     carry(result), when given, is what the next slice must know of the last one (a dict, added to wait_resume)."""
     args = dict(action._task.args)
     module = action._task.resolved_action or action._task.action
@@ -60,11 +62,12 @@ def run_in_slices(action, task_vars, default_timeout, describe, progress, advanc
         waited = time.monotonic() - started
         if not result.get("failed") or took < 0.9 * share or waited >= timeout - 0.5:
             return result
-        if stall > 0:
+        limit = stall_limit(result, args) if stall_limit is not None and advance is not None else stall
+        if limit > 0:
             now_seen = advance(result)
             if now_seen != seen:
                 seen, since = now_seen, time.monotonic()
-            elif time.monotonic() - since >= stall:
+            elif time.monotonic() - since >= limit:
                 result["msg"] = stalled(result, time.monotonic() - since)
                 result["stalled"] = True
                 # The module's own failure travels with the result (ansible-core 2.19 and later build the error line

@@ -131,6 +131,41 @@ def test_vllm_module_healthy_over_loopback(capsys):
     assert "k-123" not in json.dumps(result)
 
 
+def test_vllm_module_adds_a_new_image_to_the_proven_list_once_it_answers(capsys, tmp_path):
+    proven = tmp_path / "gpulab-vllm" / "proven_images"
+    args = {"base_url": None, "model": "tiny", "image_id": "sha256:new", "proven_images_file": str(proven)}
+    with ReplayServer(load_fixture("vllm", "vllm_healthy")) as server:
+        args["base_url"] = server.base_url
+        first = run_main(vllm_health, args, capsys)
+        again = run_main(vllm_health, args, capsys)
+    assert (first["first_start"], first["recorded_image"], first["changed"]) == (True, True, True)
+    assert (again["first_start"], again["recorded_image"], again["changed"]) == (False, False, False)
+    assert oct(proven.stat().st_mode & 0o777) == "0o644"
+    assert [line for line in proven.read_text().splitlines() if not line.startswith("#")] == ["sha256:new"]
+
+
+def test_vllm_module_in_check_mode_or_unhealthy_writes_no_list(capsys, tmp_path):
+    proven = tmp_path / "proven_images"
+    proven.write_text("sha256:old\n")
+    with ReplayServer(load_fixture("vllm", "vllm_healthy")) as server:
+        checked = run_main(vllm_health, {"base_url": server.base_url, "model": "tiny", "image_id": "sha256:new",
+                                         "proven_images_file": str(proven), "_ansible_check_mode": True}, capsys)
+    with ReplayServer(load_fixture("vllm", "vllm_dead_engine")) as server:
+        dead = run_main(vllm_health, {"base_url": server.base_url, "model": "tiny", "image_id": "sha256:new",
+                                      "proven_images_file": str(proven)}, capsys)
+    assert (checked["_rc"], checked["first_start"], checked["changed"]) == (0, True, False)
+    assert (dead["_rc"], dead["first_start"], dead["recorded_image"]) == (1, True, False)
+    assert proven.read_text() == "sha256:old\n"
+
+
+def test_vllm_module_without_an_image_knows_no_first_start(capsys, tmp_path):
+    with ReplayServer(load_fixture("vllm", "vllm_healthy")) as server:
+        result = run_main(vllm_health, {"base_url": server.base_url, "model": "tiny",
+                                        "proven_images_file": str(tmp_path / "proven_images")}, capsys)
+    assert (result["first_start"], result["changed"]) == (None, False)
+    assert not (tmp_path / "proven_images").exists()
+
+
 def test_vllm_module_dead_engine_fails_in_one_line(capsys):
     with ReplayServer(load_fixture("vllm", "vllm_dead_engine")) as server:
         result = run_main(vllm_health, {"base_url": server.base_url, "model": "tiny"}, capsys)
