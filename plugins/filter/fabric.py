@@ -260,7 +260,12 @@ def fabric_mtu_problem(mtus) -> str:
     mtus: [host, interface, mtu] per node, as the fabric role found them. Nodes whose fabric interfaces differ in MTU
     lose every frame larger than the smallest one (a NIC reset to 1500 beside nodes at 9000): RDMA and TCP stall or
     crawl instead of failing, so the play stops here, before anything changes."""
-    known = [(str(host), str(iface), int(mtu)) for host, iface, mtu in mtus or [] if mtu]
+    known = []
+    for host, iface, mtu in mtus or []:
+        try:
+            known.append((str(host), str(iface), int(mtu)))
+        except (TypeError, ValueError):
+            continue  # no MTU in the node's read ('None' where a template made it a string): not judged
     if len({mtu for unused_host, unused_iface, mtu in known}) < 2:
         return ""
     # The fix: the MTU most nodes have; between as many, the larger (a NIC reset to 1500 beside one at 9000).

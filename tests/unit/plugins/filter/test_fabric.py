@@ -35,6 +35,7 @@ def test_one_mtu_on_every_fabric_interface_passes(node1):
     assert fabric_mtu_problem([["node1", found["interface"], found["mtu"]], ["node2", "enp1s0f0np0", 1500]]) == ""
     # A node whose read has no MTU is not judged.
     assert fabric_mtu_problem([["node1", "enp1s0f0np0", 1500], ["node2", "enp1s0f0np0", None]]) == ""
+    assert fabric_mtu_problem([["node1", "enp1s0f0np0", "1500"], ["node2", "enp1s0f0np0", "None"]]) == ""
 
 
 @pytest.mark.parametrize("mtus, named, fix", [
