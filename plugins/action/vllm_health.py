@@ -75,5 +75,5 @@ class ActionModule(ActionBase):
         args = self._task.args
         result.update(run_in_slices(self, task_vars or {}, 900, _describe, _progress, _advance,
                                     lambda found, seconds: _stalled(found, seconds, container, args),
-                                    stall_limit=_limit))
+                                    stall_limit=lambda found, given: _limit(found, given)["seconds"]))
         return result

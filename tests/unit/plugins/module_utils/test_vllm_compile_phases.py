@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from ansible_collections.gpulab.vllm.plugins.action import vllm_health as action
 from ansible_collections.gpulab.vllm.plugins.module_utils import _vllm_probe
+from ansible_collections.gpulab.vllm.plugins.plugin_utils import _progress
 
 LOGS = Path(__file__).resolve().parents[2] / "fixtures" / "vllm_logs"
 
@@ -154,3 +156,41 @@ def test_a_stall_outside_the_compile_phases_keeps_the_stall_limit_on_a_first_sta
               "last_log_line": lines[upto], "load": _vllm_probe.load_progress("\n".join(lines[:upto + 1]))}
     assert action._limit(result, ARGS)["option"] == "stall_timeout"
     assert "(stall_timeout); " in action._stalled(result, 600, "gpulab-vllm", ARGS)
+
+
+class _SliceClock(object):
+    """The controller's clock for the slice loop: each module call takes the slice it was given."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        return self.now
+
+
+@pytest.mark.parametrize("first_start, limit, option", [(True, 1800, "first_start_stall_timeout"),
+                                                         (False, 600, "stall_timeout")])
+def test_the_action_stops_a_silent_compile_at_the_limit_that_applies(first_start, limit, option):
+    """The action plugin's own loop (plugin_utils._progress.run_in_slices with the action's callbacks): a start whose
+    log stays at one capture line is stopped once that limit has passed, not before."""
+    clock = _SliceClock()
+    found = _unhealthy("public_vllm_kunlun_pr329_capture_waiting.log", 8, first_start)
+    calls = []
+
+    def execute_module(module_name, module_args, task_vars):
+        calls.append(module_args["wait_timeout"])
+        clock.now += module_args["wait_timeout"]
+        return dict(found)
+
+    task = mock.MagicMock(args=dict(ARGS, wait=True, wait_timeout=3600, progress_interval=30, container="gpulab-vllm"),
+                          resolved_action="gpulab.vllm.vllm_health", action="gpulab.vllm.vllm_health", async_val=0)
+    plugin = action.ActionModule(task, mock.MagicMock(), mock.MagicMock(), loader=None, templar=None,
+                                 shared_loader_obj=None)
+    with mock.patch.object(_progress, "time", clock), mock.patch.object(_progress.display, "display"), \
+            mock.patch.object(action.ActionBase, "run", return_value={}), \
+            mock.patch.object(plugin, "_execute_module", side_effect=execute_module):
+        result = plugin.run(task_vars={"inventory_hostname": "node1"})
+    assert result["stalled"] is True
+    # The first slice saw the line; the limit counts from there, and the loop stops at the first slice past it.
+    assert clock.now == 30 + limit and len(calls) == 1 + limit // 30
+    assert "nothing new from the server for %d s (%s)" % (limit, option) in result["msg"]
