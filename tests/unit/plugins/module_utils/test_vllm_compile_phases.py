@@ -168,11 +168,13 @@ class _SliceClock(object):
         return self.now
 
 
-@pytest.mark.parametrize("first_start, limit, option", [(True, 1800, "first_start_stall_timeout"),
-                                                         (False, 600, "stall_timeout")])
+@pytest.mark.parametrize("first_start, limit, option", [
+    (True, 1800, "first_start_stall_timeout"),
+    (False, 600, "stall_timeout"),
+])
 def test_the_action_stops_a_silent_compile_at_the_limit_that_applies(first_start, limit, option):
-    """The action plugin's own loop (plugin_utils._progress.run_in_slices with the action's callbacks): a start whose
-    log stays at one capture line is stopped once that limit has passed, not before."""
+    """The action plugin's own run(), its slices on a clock that moves by each slice: a start whose log stays at one
+    capture line is stopped once the limit that applies has passed, not before."""
     clock = _SliceClock()
     found = _unhealthy("public_vllm_kunlun_pr329_capture_waiting.log", 8, first_start)
     calls = []
