@@ -8,6 +8,7 @@ import importlib.util
 import mmap
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 from conftest import FIXTURES, REPO
@@ -97,3 +98,16 @@ def test_summary_names_each_node_with_its_link():
     assert summary["busbw_gbps"] == 14.57 and summary["error"] is None
     assert [(node["ip"], node["ranks"], node["network"], node["link_gbps"]) for node in summary["nodes"]] == [
         ("10.220.0.11", [0], "Socket", None), ("10.220.0.12", [1], "Socket", 20.2)]
+
+
+def test_the_nccl_version_pytorch_reports_in_either_form():
+    def torch_saying(version):
+        def answer():
+            if isinstance(version, Exception):
+                raise version
+            return version
+        return SimpleNamespace(cuda=SimpleNamespace(nccl=SimpleNamespace(version=answer)))
+
+    assert check.nccl_version_text(torch_saying((2, 27, 5))) == "2.27.5"
+    assert check.nccl_version_text(torch_saying(2708)) == "2708"
+    assert check.nccl_version_text(torch_saying(RuntimeError("no NCCL"))) is None

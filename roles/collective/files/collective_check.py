@@ -65,6 +65,15 @@ def _sha256(path):
     return digest.hexdigest()
 
 
+def nccl_version_text(torch):
+    """The NCCL version PyTorch runs (a tuple in recent PyTorch, a number such as 2708 in older ones), or None."""
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a report, never a reason to fail the collective
+        return None
+    return ".".join(str(part) for part in version) if isinstance(version, (tuple, list)) else str(version)
+
+
 def loaded_nccl(maps_text, version=None):
     """The NCCL this process loaded, from /proc/self/maps: {'path', 'version', 'sha256'}, path None when no libnccl
     is mapped (NCCL linked into PyTorch itself, or not loaded)."""
@@ -132,7 +141,7 @@ def run_rank(rank, world, init_method, backend, size_bytes, iterations, peers, t
         "links_gbps": {},
     }
     if backend == "nccl":
-        result["torch_nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
+        result["torch_nccl"] = nccl_version_text(torch)
     for peer in peers:
         if rank in (0, peer):
             other = peer if rank == 0 else 0
