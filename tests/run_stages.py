@@ -39,11 +39,15 @@ LOGS = ROOT / "build" / "test-logs"
 STATIC = ["lint", "sanity", "unit", "collection", "matrix"]
 # Lab stages in the order they run: each image the seed's scenario needs is built by the time its turn comes.
 # molecule/reboot and molecule/upgrade run as the last links of the serving chain (lab), on its deployment.
+# The Ray-only scenario runs first, on Ray's image, while today's vLLM image still builds on one core.
 SCENARIOS = ["default", "node_lost"]
-# What each lab stage needs of the background images: "first" (Ray's and today's vLLM's) or "all" (the seed's too).
+EARLY_SCENARIOS = ["default"]
+# What each lab stage needs of the background images: "ray" (Ray's), "first" (Ray's and today's vLLM's) or "all"
+# (the seed's too).
 FIRST_IMAGES = ["ray", "vllm"]
 LATER_IMAGES = ["vllm-seed"]
 LAB_IMAGE_KEYS = FIRST_IMAGES + LATER_IMAGES
+RAY_DONE = ROOT / "build" / "lab" / "images-ray.done"
 FIRST_DONE = ROOT / "build" / "lab" / "images-first.done"
 
 
@@ -98,7 +102,7 @@ def _lab_up(images: list[str]) -> list[str]:
 
 
 def stage_commands() -> dict[str, list[list[str]]]:
-    """Each stage's commands; "@images first|all" waits for the background images."""
+    """Each stage's commands; "@images ray|first|all" waits for the background images."""
     stages: dict[str, list[list[str]]] = {
         "lint": [[str(VENV_BIN / "ansible-lint"), "--offline"]],
         "sanity": [["bash", str(ROOT / "tests" / "sanity.sh")]],
@@ -107,13 +111,16 @@ def stage_commands() -> dict[str, list[list[str]]]:
         "collection": [[str(VENV_BIN / "python"), "-m", "pytest", "-q", "tests/collection"]],
         # Unit tests and sanity on the oldest ansible-core claimed and one between (tests/matrix.py).
         "matrix": [[str(VENV_BIN / "python"), str(ROOT / "tests" / "matrix.py")]],
-        # The modules, every bad input, the faults and the serving chain against a real lab on today's images.
-        "lab": [["@images", "first"], _lab_up(FIRST_IMAGES), _pytest("lab and not seed", 30)],
     }
     # Each scenario's create brings the lab up with its own LAB_IMAGES (a no-op when it is up) and its destroy tears
     # the deployment down, leaving the lab up for the next.
+    for name in EARLY_SCENARIOS:
+        stages[f"molecule:{name}"] = [["@images", "ray"], [str(VENV_BIN / "molecule"), "test", "-s", name]]
+    # The modules, every bad input, the faults and the serving chain against a real lab on today's images.
+    stages["lab"] = [["@images", "first"], _lab_up(FIRST_IMAGES), _pytest("lab and not seed", 30)]
     for name in SCENARIOS:
-        stages[f"molecule:{name}"] = [["@images", "first"], [str(VENV_BIN / "molecule"), "test", "-s", name]]
+        if name not in EARLY_SCENARIOS:
+            stages[f"molecule:{name}"] = [["@images", "first"], [str(VENV_BIN / "molecule"), "test", "-s", name]]
     # What needs the seed's image (vLLM 0.17.1, Ray 2.53): its serving chain, its module tests, the Ray versions that differ.
     stages["lab:seed"] = [["@images", "all"], _lab_up(LAB_IMAGE_KEYS), _pytest("lab and seed", 15)]
     return stages
@@ -126,10 +133,11 @@ class BackgroundImages:
     def __init__(self) -> None:
         (ROOT / "build" / "lab" / "logs").mkdir(parents=True, exist_ok=True)
         FIRST_DONE.unlink(missing_ok=True)
+        RAY_DONE.unlink(missing_ok=True)
         self.log_path = ROOT / "build" / "lab" / "logs" / "images.log"
         log = open(self.log_path, "w")  # pylint: disable=consider-using-with
         # One build: every wheel set downloads at once; the mark says when the first images are pushed.
-        keys = FIRST_IMAGES[:-1] + [f"{FIRST_IMAGES[-1]}={FIRST_DONE}"] + LATER_IMAGES
+        keys = [f"ray={RAY_DONE}"] + FIRST_IMAGES[1:-1] + [f"{FIRST_IMAGES[-1]}={FIRST_DONE}"] + LATER_IMAGES
         self.process = subprocess.Popen([str(VENV_BIN / "python"), str(ROOT / "lab" / "labctl.py"), "build", *keys],
                                         cwd=ROOT, env=_env(), stdout=log, stderr=subprocess.STDOUT)
         self.started = time.monotonic()
@@ -146,12 +154,13 @@ class BackgroundImages:
               flush=True)
 
     def wait(self, part: str, results: list) -> int:
-        """Wait for 'first' (Ray's and today's vLLM's) or 'all'. A failed background build has its own row; the
-        lab-up that follows builds what is missing."""
+        """Wait for 'ray' (Ray's), 'first' (Ray's and today's vLLM's) or 'all'. A failed background build has its own
+        row; the lab-up that follows builds what is missing."""
         if self.status is not None:
             return self.status
         waited = time.monotonic()
-        while part == "first" and not FIRST_DONE.exists() and self.process.poll() is None:
+        mark = {"ray": RAY_DONE, "first": FIRST_DONE}.get(part)
+        while mark is not None and not mark.exists() and self.process.poll() is None:
             time.sleep(2)
         if part == "all" or self.process.poll() is not None:
             self.status = self.process.wait()

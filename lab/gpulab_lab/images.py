@@ -21,10 +21,10 @@ from pathlib import Path
 
 from .common import BUILD, CACHE, IMAGES_DIR, PROJECT, STATE_FILE, LabError, log, node_dirs, run
 from .config import LAB_IMAGES, LabConfig, LabImage
+from .registry import MANIFEST_V2, push_uncompressed
 
 
 BASE_IMAGE = "gpulab-lab/bookworm:base"
-MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 
 
 def recipe_files(folder: Path, requirements: str) -> list[Path]:
@@ -265,10 +265,14 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
         size = run(["docker", "image", "inspect", "--format", "{{.Size}}", local_ref], check=False).stdout.strip()
         log(f"pushing {local_ref} ({int(size) / 1e9:.1f} GB) to the lab registry" if size.isdigit() else f"pushing {local_ref}")
         started = time.monotonic()
-        pushed = watch(subprocess.Popen(["docker", "push", "--quiet", local_ref], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True), f"pushing the {key} image", lambda: "")
-        if pushed.returncode != 0:
-            raise LabError(f"pushing {local_ref} failed: {(pushed.stdout.read() if pushed.stdout else '').strip()[-300:]}")
+        pushing = threading.Thread(target=_push, args=(cfg, key, local_ref), name=f"push-{key}")
+        pushing.start()
+        while pushing.is_alive():
+            pushing.join(30)
+            if pushing.is_alive():
+                log(f"  still pushing the {key} image ({time.monotonic() - started:.0f}s)")
+        if _PUSH_ERRORS.get(key):
+            raise _PUSH_ERRORS.pop(key)
         log(f"pushed {local_ref} in {time.monotonic() - started:.0f}s")
         # The registry and the nodes hold it now; the machine's copy (9 GB for the seed's) goes.
         run(["docker", "image", "rm", local_ref], check=False)
@@ -279,6 +283,15 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
 
 
 _PULLS: list[threading.Thread] = []
+_PUSH_ERRORS: dict[str, Exception] = {}
+
+
+def _push(cfg: LabConfig, key: str, local_ref: str) -> None:
+    """The image into the lab registry with its layers uncompressed (registry.push_uncompressed says why)."""
+    try:
+        push_uncompressed(cfg, local_ref, LAB_IMAGES[key].repo, LAB_IMAGES[key].tag)
+    except (LabError, OSError, subprocess.CalledProcessError) as err:
+        _PUSH_ERRORS[key] = LabError(f"pushing {local_ref} failed: {err}")
 
 
 def wait_for_pulls() -> None:
