@@ -330,6 +330,23 @@ def weights_problems(settings: dict, host: str, source_host: str, play_hosts: li
     return problems
 
 
+def source_folder_problems(path, source, holder: str, known: dict | None = None, found: dict | None = None) -> list:
+    """The weights' source folder is there: on the controller (looked at here, in the controller's process), or on
+    the node that holds it (holder), as its read (known: its entry of gpulab_node.files) or a stat of it (found:
+    the stat module's `stat`) says."""
+    if source == "controller":
+        there = os.path.isdir(str(path))
+    elif source == "node":
+        there = bool((known or {}).get("isdir")) if "exists" in (known or {}) else bool((found or {}).get("isdir"))
+    else:
+        return []
+    if there:
+        return []
+    where = "the controller" if source == "controller" else holder
+    return [f"weights_source_path {path} is not a folder on {where}; put the model there, or point weights_source_path "
+            "at the folder that holds it"]
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -343,4 +360,5 @@ class FilterModule:
             "ray_problems": ray_problems,
             "vllm_problems": vllm_problems,
             "weights_problems": weights_problems,
+            "source_folder_problems": source_folder_problems,
         }

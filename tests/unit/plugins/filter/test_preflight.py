@@ -19,8 +19,8 @@ from conftest import load_fixture
 
 from ansible_collections.gpulab.vllm.plugins.filter.preflight import (
     deploy_port_problems, deploy_settings_problems, gate_problems, gpu_fit_problems, image_problems, ray_problems, role_default,
-    served_folder_problems, vllm_problems, weights_problems)
-from ansible_collections.gpulab.vllm.plugins.module_utils._node import absent_container, parse_proc_net_tcp, summarize_inspect
+    served_folder_problems, source_folder_problems, vllm_problems, weights_problems)
+from ansible_collections.gpulab.vllm.plugins.module_utils._node import absent_container, describe_file, parse_proc_net_tcp, summarize_inspect
 
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO / "lab"))
@@ -347,7 +347,32 @@ def test_vllm_port_in_use_by_another_container():
     assert vllm(lab_vars(vllm_server_container="renamed-vllm"), host="node2", read=recorded_read("node1_deployed")) == []
 
 
-# roles/weights/tasks/preflight.yml (weights-source-missing is the stat's, left in the role's YAML)
+# roles/weights/tasks/preflight.yml
+def test_weights_source_missing():
+    values = lab_vars(weights_source_path="/no/such/model")
+    one_line(source_folder_problems(values["weights_source_path"], values["weights_source"], HEAD),
+             ["weights_source_path /no/such/model is not a folder on the controller", "point weights_source_path at the folder"])
+
+
+def test_weights_source_folder_on_the_controller_and_on_a_node(tmp_path):
+    # The lab's source: a folder on the controller (here, one of the test's own).
+    assert source_folder_problems(str(tmp_path), "controller", HEAD) == []
+    # A file is not a folder.
+    (tmp_path / "model.safetensors").write_text("")
+    one_line(source_folder_problems(str(tmp_path / "model.safetensors"), "controller", HEAD), ["is not a folder on the controller"])
+    # On a node: its read's entry for the folder (the node read's describe_file of it) decides, else the stat's answer.
+    assert source_folder_problems(str(tmp_path), "node", "node2", describe_file(str(tmp_path))) == []
+    one_line(source_folder_problems("/no/such/model", "node", "node2", describe_file("/no/such/model")),
+             ["weights_source_path /no/such/model is not a folder on node2; put the model there"])
+    one_line(source_folder_problems(str(tmp_path / "model.safetensors"), "node", "node2", describe_file(str(tmp_path / "model.safetensors"))),
+             ["is not a folder on node2"])
+    # No entry in the read: the stat module's answer (none when the stat did not run: not there).
+    assert source_folder_problems("/models/m", "node", "node2", {}, {"exists": True, "isdir": True}) == []
+    one_line(source_folder_problems("/models/m", "node", "node2", {}, {}), ["is not a folder on node2"])
+    # A hub source has no folder to look for.
+    assert source_folder_problems("", "hub", "node1") == []
+
+
 def test_weights_dir_relative():
     one_line(weights(lab_vars(weights_dir="models/tiny", qwen35_model="models/tiny")),
              ["weights_dir is \"models/tiny\"; give the absolute folder the model goes to on every node"])
