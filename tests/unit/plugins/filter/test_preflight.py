@@ -20,7 +20,8 @@ from conftest import load_fixture
 from ansible_collections.gpulab.vllm.plugins.filter.preflight import (
     deploy_port_problems, deploy_settings_problems, gate_problems, gpu_fit_problems, image_problems, ray_problems, role_default,
     served_folder_problems, source_folder_problems, vllm_problems, weights_problems)
-from ansible_collections.gpulab.vllm.plugins.module_utils._node import absent_container, describe_file, parse_proc_net_tcp, summarize_inspect
+from ansible_collections.gpulab.vllm.plugins.module_utils._node import (
+    absent_container, describe_file, node_memory, parse_proc_net_tcp, summarize_inspect)
 
 REPO = Path(__file__).resolve().parents[4]
 sys.path.insert(0, str(REPO / "lab"))
@@ -345,6 +346,20 @@ def test_vllm_port_in_use_by_another_container():
     one_line(vllm(lab_vars(vllm_server_container="renamed-vllm"), read=recorded_read("node1_deployed")),
              ["port 8000 on node1 is already in use", "set vllm_server_port to a free port"])
     assert vllm(lab_vars(vllm_server_container="renamed-vllm"), host="node2", read=recorded_read("node1_deployed")) == []
+
+
+def test_unified_memory_too_small():
+    # The lab's nodes share the machine's kernel, so their /proc/meminfo is the machine's: the recorded one of a Debian
+    # 12 VM without a GPU (tests/unit/fixtures/memory/SOURCES.md), read as the node read reads it with
+    # node_unified_memory: true and no nvidia-smi (the lab's nodes have none). 0.99 of MemTotal with the head's other
+    # processes exceeds MemAvailable on any machine.
+    meminfo = (Path(__file__).resolve().parents[2] / "fixtures" / "memory" / "debian12_vm_no_gpu_meminfo.txt").read_text()
+    read = {**recorded_read("node1_nothing_deployed"), "memory": node_memory(meminfo, None, "true")}
+    one_line(vllm(lab_vars(qwen35_gpu_memory_utilization=0.99), read=read),
+             ["node1: unified memory (the GPU's memory is the host's)", "GiB available (MemAvailable)",
+              "vllm_server_gpu_memory_utilization (qwen35_gpu_memory_utilization for deploy_qwen35)"])
+    # The lab's own setting (null: vLLM's default, 0.9) on the same machine read as not unified: no memory rule.
+    assert vllm(lab_vars(), read={**read, "memory": node_memory(meminfo, None, "auto")}) == []
 
 
 # roles/weights/tasks/preflight.yml
