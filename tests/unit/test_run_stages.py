@@ -29,8 +29,10 @@ def test_the_seed_stage_runs_last_and_static_stages_beside_the_lab():
     runner = _runner()
     stages = list(runner.stage_commands())
     lab = [name for name in stages if name not in runner.STATIC]
-    assert lab[-1] == "lab:seed" and lab[0] == "lab"
-    # Only the seed's stage waits for every image; the others for the first ones.
+    # The Ray-only scenario first, while today's vLLM image builds; then the lab stage; the seed's last.
+    assert lab[-1] == "lab:seed" and lab[:2] == ["molecule:default", "lab"]
+    # Only the seed's stage waits for every image, the Ray-only scenario for Ray's; the others for the first ones.
     waits = {name: [cmd[1] for cmd in runner.stage_commands()[name] if cmd[0] == "@images"] for name in lab}
-    assert waits["lab:seed"] == ["all"] and all(waits[name] == ["first"] for name in lab[:-1])
+    assert waits["lab:seed"] == ["all"] and waits["molecule:default"] == ["ray"]
+    assert all(waits[name] == ["first"] for name in lab[1:-1])
     assert not any(cmd[0] == "@images" for name in runner.STATIC for cmd in runner.stage_commands()[name])
