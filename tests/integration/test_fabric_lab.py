@@ -1,7 +1,8 @@
-"""The fabric on the lab as a hardened site runs it: both nodes with INPUT policy DROP (loopback, replies and
-SSH admitted, nothing else), a deploy from nothing that serves a completion, the collective check across both
-nodes before the load, a no-op re-run, and the same check failing, naming the node, when that node's fabric link
-is throttled under the floor."""
+"""The fabric on the lab: on nodes hardened as a site runs them (INPUT policy DROP: loopback, replies and SSH
+admitted, nothing else), the collective check failing before the load, naming the node, when that node's fabric
+link is throttled under the floor (the same check passing on hardened nodes, a deploy from nothing that serves and a
+no-op re-run are links of the serving chain: test_serving_chain.py); then nodes shown as DGX Sparks (recorded sysfs
+trees): the ports behind each fabric interface, an image without verbs, a node without verbs devices or a dead port."""
 
 from __future__ import annotations
 
@@ -26,27 +27,6 @@ def _play(name: str, *extra: str, timeout: int = 1200) -> subprocess.CompletedPr
                           cwd=ROOT, env=_env(), capture_output=True, text=True, check=False, timeout=timeout)
 
 
-def _input(node: str) -> list[str]:
-    return subprocess.run(["nsenter", f"--net=/run/netns/{_ns(node)}", "--", "iptables", "-S", "INPUT"],
-                          check=True, capture_output=True, text=True).stdout.splitlines()
-
-
-def _ns(node: str) -> str:
-    sys_path = ROOT / "lab"
-    import sys  # noqa: PLC0415 - the lab's own naming, loaded on demand
-
-    if str(sys_path) not in sys.path:
-        sys.path.insert(0, str(sys_path))
-    from gpulab_lab.common import ns_name  # noqa: PLC0415
-
-    return ns_name(node)
-
-
-def _recap(output: str) -> dict:
-    return {host: {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", line)}
-            for host, line in re.findall(r"^(node\d+)\s+:\s+(.*)$", output, re.M)}
-
-
 @pytest.fixture(scope="module")
 def hardened():
     _play("teardown.yml")
@@ -61,38 +41,8 @@ def hardened():
         _play("teardown.yml")
 
 
-def test_hardened_nodes_serve_after_the_collective_check(hardened):
-    run = _play("deploy_qwen35.yml")
-    assert run.returncode == 0, run.stdout[-5000:]
-    for node in ("node1", "node2"):
-        assert "-P INPUT DROP" in _input(node), f"{node} is no longer hardened"
-    # The collective ran across both nodes before vLLM started, and said what it saw per node.
-    report = re.search(r"gloo all-reduce of \d+ MiB over 2 ranks: bus bandwidth ([\d.]+) Gbit/s.*?node2 \(10\.220\.0\.12\): "
-                       r"TCP on enP2p1s0f1np1, link to the head ([\d.]+) Gbit/s", run.stdout, re.S)
-    assert report, run.stdout[-5000:]
-    assert float(report.group(1)) > 0 and float(report.group(2)) > 0
-    assert run.stdout.index("Prove the fabric with one collective") < run.stdout.index("Run the vLLM server")
-    # The host firewall comes first in INPUT and admits the fabric subnet on the fabric interface.
-    for node, iface in (("node1", "enp1s0f0np0"), ("node2", "enP2p1s0f1np1")):
-        rules = _input(node)
-        assert [rule for rule in rules if rule.startswith("-A")][0] == \
-            '-A INPUT -m comment --comment "gpulab: default deny" -j GPULAB-INPUT', rules
-        chain = subprocess.run(["nsenter", f"--net=/run/netns/{_ns(node)}", "--", "iptables", "-S", "GPULAB-INPUT"],
-                               check=True, capture_output=True, text=True).stdout.splitlines()
-        assert f'-A GPULAB-INPUT -s 10.220.0.0/24 -i {iface} -m comment --comment "gpulab: the fabric subnet" -j ACCEPT' \
-            in chain, chain
-
-    again = _play("deploy_qwen35.yml")
-    assert again.returncode == 0, again.stdout[-3000:]
-    assert all(counts["changed"] == 0 for counts in _recap(again.stdout).values()), again.stdout[-3000:]
-    # Nothing is about to load on a healthy cluster: the check stands aside (skipped steps are not printed: neither
-    # its task nor its report may appear).
-    assert "Run one all-reduce across every GPU" not in again.stdout and "bus bandwidth" not in again.stdout
-    assert "Run one all-reduce across every GPU" in run.stdout
-
-
 def test_a_throttled_node_is_named_before_the_load(hardened):
-    _play("teardown.yml")
+    # From nothing (the fixture's teardown), on hardened nodes.
     _lab("rate", "node2", "100mbit")
     try:
         run = _play("deploy_qwen35.yml")

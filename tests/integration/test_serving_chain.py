@@ -2,14 +2,17 @@
 serving cluster or breaks it and repairs it by a re-run (tests/integration/conftest.py: a link that fails names
 itself to every link after it).
 
-The links, in order: the chain starts from nothing (teardown.yml, then no container on any node; status says
-nothing is deployed); the deploy in
-check mode starts nothing; one deploy at -vvv from nothing serves. Secure by default on it: no secret in the -vvv
+The links, in order: the chain starts from nothing (teardown.yml, then no container on any node) and its nodes are
+hardened as a security-minded site runs them (INPUT policy DROP: loopback, replies and SSH admitted, nothing else)
+until its re-run; status says nothing is deployed; the deploy in check mode starts nothing; one deploy at -vvv from
+nothing serves, the collective check across both nodes having run before the server, the host firewall first in
+INPUT and the fabric subnet admitted on the fabric interface. Secure by default on it: no secret in the -vvv
 output, the containers' logs or the files the roles wrote (but the token and key files); Ray refuses a client
 without the token; Ray's GCS port answers on the fabric only; vLLM answers 401 without the key, on every route; from
 the other node's management side, over IPv4 and IPv6, only SSH answers. Then the endpoint verified (a generation,
 TP rank 1 on the second node with its own fabric settings, the GPU contract, check mode on the deployment, the
-official openai client), a re-run that changes nothing, status on a healthy cluster (table, JSON, metrics.yml's
+official openai client), a re-run that changes nothing (the collective stands aside), the site's policy kept
+through both (the nodes then back to the lab's ACCEPT), status on a healthy cluster (table, JSON, metrics.yml's
 targets), an ACCEPT put ahead of the firewall found and repaired by a re-run, a dead engine behind a live API
 restarted by a re-run, the server killed (status DOWN, diagnose.yml's archive), the worker's Ray container killed
 (status: lost), the re-run that heals it, the head's Docker daemon restarted and healed by a re-run. Then the links
@@ -92,10 +95,31 @@ def line(lines: list[str], start: str) -> str:
     return next(item for item in lines if item.startswith(start))
 
 
+LABCTL = [str(BIN / "python"), str(ROOT / "lab" / "labctl.py")]
+
+
+def _policy(node: str, policy: str) -> None:
+    """The lab node's INPUT policy: drop (a hardened site: loopback, replies and SSH admitted, nothing else) or accept."""
+    subprocess.run([*LABCTL, "input", node, policy], check=True, capture_output=True, text=True)
+
+
+def _input_rules(node: str, chain_name: str = "INPUT") -> list[str]:
+    return in_node(node, "iptables", "-S", chain_name).stdout.splitlines()
+
+
+def _task_at(output: str, name: str) -> int:
+    """Where the first task line naming NAME starts in a play's output (-1 when none does)."""
+    found = re.search(r"^TASK \[[^\n]*" + re.escape(name), output, re.M)
+    return found.start() if found else -1
+
+
 @pytest.fixture(scope="module")
 def chain():
-    shared = Chain("serving (today's images)", verbose=True, **chain_inputs(INVENTORY))
+    # Hardened from its start until the re-run: both nodes at INPUT policy DROP, as a security-minded site runs them.
+    shared = Chain("serving (today's images)", verbose=True, hardened=True, **chain_inputs(INVENTORY))
     yield shared
+    for node in NODES:
+        _policy(node, "accept")
     play(shared, "teardown.yml")
 
 
@@ -106,6 +130,10 @@ def test_the_chain_starts_from_nothing(link):
     run = play(link, "teardown.yml")
     assert run.returncode == 0, run.stdout[-3000:]
     assert containers() == {node: [] for node in NODES}, "a container is left on a node after teardown.yml"
+    if link.get("hardened"):
+        for node in NODES:
+            _policy(node, "drop")
+            assert "-P INPUT DROP" in _input_rules(node), f"{node} did not take the hardened policy"
 
 
 def test_status_knows_nothing_deployed(link):
@@ -136,6 +164,28 @@ def test_the_deploy_from_nothing_serves(link):
     assert re.search(r'it answered ".*" in [\d.]+ s', run.stdout), run.stdout[-3000:]
 
 
+def test_hardened_nodes_serve_after_the_collective_check(link):
+    """On nodes at INPUT policy DROP: the collective ran across both nodes before vLLM started and said what it saw per
+    node; the host firewall comes first in INPUT and admits the fabric subnet on the fabric interface."""
+    if not link.get("hardened"):
+        pytest.fail(f"the {link.name} chain is not hardened; this link belongs to one that is", pytrace=False)
+    output = link["output"]
+    report = re.search(r"gloo all-reduce of \d+ MiB over 2 ranks: bus bandwidth ([\d.]+) Gbit/s.*?node2 \(10\.220\.0\.12\): "
+                       r"TCP on enP2p1s0f1np1, link to the head ([\d.]+) Gbit/s", output, re.S)
+    assert report, output[-5000:]
+    assert float(report.group(1)) > 0 and float(report.group(2)) > 0
+    assert 0 <= _task_at(output, "Run one all-reduce across every GPU") < _task_at(output, "Run the vLLM server"), \
+        "the collective did not run before the server started"
+    for node, iface in (("node1", "enp1s0f0np0"), ("node2", "enP2p1s0f1np1")):
+        rules = _input_rules(node)
+        assert "-P INPUT DROP" in rules, f"{node} is no longer hardened"
+        assert [rule for rule in rules if rule.startswith("-A")][0] == \
+            '-A INPUT -m comment --comment "gpulab: default deny" -j GPULAB-INPUT', rules
+        ours = _input_rules(node, "GPULAB-INPUT")
+        assert f'-A GPULAB-INPUT -s 10.220.0.0/24 -i {iface} -m comment --comment "gpulab: the fabric subnet" -j ACCEPT' \
+            in ours, ours
+
+
 def test_the_endpoint_verifies(link):
     """tests/integration/playbooks/serving_verify.yml: each of its assertions is a named task; the first that fails
     is named in the output."""
@@ -150,6 +200,20 @@ def test_a_rerun_changes_nothing(link):
     assert run.returncode == 0, run.stdout[-3000:]
     assert recap(run.stdout) and set(recap(run.stdout).values()) == {0}, run.stdout[-1500:]
     assert "gpulab-vllm unchanged" in run.stdout, run.stdout[-3000:]
+    # Nothing is about to load on a healthy cluster: the collective stands aside (skipped steps are not printed:
+    # neither its task nor its report may appear).
+    assert "Run one all-reduce across every GPU" not in run.stdout and "bus bandwidth" not in run.stdout, run.stdout[-3000:]
+
+
+def test_a_hardened_site_keeps_its_policy_through_the_deploy_and_the_rerun(link):
+    """Changes, for the links after it: both nodes back to the lab's default INPUT policy (ACCEPT)."""
+    if not link.get("hardened"):
+        pytest.fail(f"the {link.name} chain is not hardened; this link belongs to one that is", pytrace=False)
+    for node in NODES:
+        assert "-P INPUT DROP" in _input_rules(node), f"{node}: the deploy or the re-run changed the site's policy"
+    for node in NODES:
+        _policy(node, "accept")
+    link["hardened"] = False
 
 
 # --------------------------------------------------------------------------- secure by default
