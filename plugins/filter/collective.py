@@ -71,8 +71,21 @@ def _network_problem(node: dict, want: dict) -> str:
 
 
 def _build(rank: dict) -> tuple:
-    """What makes two NCCL builds one: the library's SHA-256 when it was read, else its path and version."""
-    return (rank.get("sha256"),) if rank.get("sha256") else (rank.get("path"), rank.get("version"))
+    """What makes two NCCL builds one: the set of SHA-256 digests of the libraries mapped when they were read (a rank
+    given an LD_PRELOAD maps two, each with its digest, one build if their bytes are one), else path and version."""
+    sha256 = rank.get("sha256") or ""
+    if sha256 and not sha256.startswith("unreadable"):
+        return (frozenset(sha256.split(":")),)
+    return (rank.get("path"), rank.get("version"))
+
+
+def _digests(sha256) -> str:
+    """A rank's digests as the problem names them: 12 characters of each (two where an LD_PRELOAD mapped two)."""
+    if not sha256:
+        return "not read"
+    if sha256.startswith("unreadable"):
+        return sha256[:12]
+    return ":".join(digest[:12] for digest in sha256.split(":"))
 
 
 def _library_problem(ranks: list, expect: dict) -> str:
@@ -92,7 +105,7 @@ def _library_problem(ranks: list, expect: dict) -> str:
         said.append("rank%s %s on %s: %s, NCCL %s, sha256 %s" % (
             "s" if len(members) > 1 else "", ", ".join(str(rank.get("rank")) for rank in members), ", ".join(nodes),
             first.get("path") or "linked into PyTorch", first.get("version") or "of unknown version",
-            (first.get("sha256") or "not read")[:12]))
+            _digests(first.get("sha256"))))
     return ("the ranks load %d different NCCL builds (%s): every rank must load one build, as two builds of one version "
             "have hung a serve mid-run; run the same image on every node and check LD_LIBRARY_PATH and LD_PRELOAD in "
             "the Ray containers of the node that differs" % (len(builds), "; ".join(said)))

@@ -1,10 +1,11 @@
 """The collective check's reading of NCCL's log and its summary, on logs NCCL wrote on a real GPU host
-(tests/unit/fixtures/nccl: one H200, two ranks given other host IDs so that NCCL took its network plugin)."""
+(tests/unit/fixtures/nccl: an H200 and an H100, two ranks given other host IDs so that NCCL took its network plugin)."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import mmap
 import os
 from pathlib import Path
@@ -111,3 +112,60 @@ def test_the_nccl_version_pytorch_reports_in_either_form():
     assert check.nccl_version_text(torch_saying((2, 27, 5))) == "2.27.5"
     assert check.nccl_version_text(torch_saying(2708)) == "2708"
     assert check.nccl_version_text(torch_saying(RuntimeError("no NCCL"))) is None
+
+
+# Recorded on a lent H100 by build/probe (tests/unit/fixtures/nccl/SOURCES.md): PyTorch 2.11.0+cu130 with its
+# nvidia-nccl wheel 2.28.9 in /opt/torch/.venv, and the image's system libnccl 2.28.3 in /usr/lib/x86_64-linux-gnu.
+H100_TORCH_NCCL = "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"
+H100_SYSTEM_NCCL = "/usr/lib/x86_64-linux-gnu/libnccl.so.2.28.3"
+
+
+def h100(name: str):
+    text = (FIXTURES / "nccl" / name).read_text()
+    return json.loads(text) if name.endswith(".json") else text
+
+
+def h100_digests() -> dict:
+    """sha256sum of every libnccl on the H100 machine, as the probe recorded it apart from the check."""
+    return {path: digest for digest, path in (line.split() for line in h100("h100_libnccl_files_sha256.txt").splitlines())}
+
+
+def test_two_ranks_as_hosts_on_an_h100():
+    for rank in (0, 1):
+        found = check.parse_nccl_log(log(f"h100_2ranks_as_hosts_socket_rank{rank}"))
+        # No HCA on the lent machine: IB found no device and NCCL took its socket plugin on eth0.
+        assert found == {"network": "Socket", "devices": ["eth0:192.0.2.2<0>"], "transports": ["NET/Socket"],
+                         "version": "2.28.9+cuda13.0"}
+        recorded = h100("h100_2ranks_as_hosts_report.json")["ranks"][rank]["nccl"]
+        assert {key: recorded[key] for key in found} == found
+
+
+def test_each_h100_rank_reports_the_libnccl_it_mapped():
+    report = h100("h100_2ranks_as_hosts_report.json")
+    assert report["error"] is None and report["busbw_gbps"] > 1
+    # The digest the check took from /proc/self/maps is the one sha256sum gave for that file on the machine.
+    assert [(rank["rank"], rank["path"], rank["version"], rank["sha256"]) for rank in report["nccl_ranks"]] == [
+        (rank, H100_TORCH_NCCL, "2.28.9+cuda13.0", h100_digests()[H100_TORCH_NCCL]) for rank in (0, 1)]
+    assert h100_digests()[H100_TORCH_NCCL].startswith("1c8618b86673")
+
+
+def test_the_libnccl_of_recorded_h100_maps():
+    found = check.loaded_nccl(h100("h100_proc_maps_torch.txt"), "2.28.9")
+    assert (found["path"], found["version"]) == (H100_TORCH_NCCL, "2.28.9")
+    # Under LD_PRELOAD of another libnccl the process maps both: the preloaded one and PyTorch's own.
+    assert check.loaded_nccl(h100("h100_proc_maps_preload_copy.txt"))["path"] == (
+        H100_TORCH_NCCL + ", /tmp/copy/libnccl.so.2")
+    assert check.loaded_nccl(h100("h100_proc_maps_preload_system_nccl.txt"))["path"] == (
+        H100_TORCH_NCCL + ", " + H100_SYSTEM_NCCL)
+
+
+def test_what_h100_ranks_inherited_from_a_conf_file_and_the_environment():
+    report = h100("h100_conf_file_and_env_report.json")
+    # NCCL_VERSION is the CUDA image's label of its system NCCL (2.28.3), not the NCCL the rank ran (2.28.9).
+    assert [rank["inherited"] for rank in report["nccl_ranks"]] == [
+        {"env": {"NCCL_CONF_FILE": "/tmp/nccl.conf", "NCCL_MIN_NCHANNELS": "2", "NCCL_VERSION": "2.28.3-1"},
+         "conf": {"/tmp/nccl.conf": ["NCCL_IB_DISABLE=1", "NCCL_SOCKET_NTHREADS=2"]}}] * 2
+    assert [rank["version"] for rank in report["nccl_ranks"]] == ["2.28.9+cuda13.0"] * 2
+    # Without the conf file and the variable, a rank of the same machine inherited only the image's label.
+    assert [rank["inherited"] for rank in h100("h100_2ranks_as_hosts_report.json")["nccl_ranks"]] == [
+        {"env": {"NCCL_VERSION": "2.28.3-1"}, "conf": {}}] * 2

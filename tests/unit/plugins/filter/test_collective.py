@@ -151,17 +151,22 @@ def test_one_build_on_every_rank_passes_whatever_each_inherited():
     assert collective_problems(report, LAB) == []
 
 
+def two_builds(first: str, second: str) -> str:
+    """The problem that names two NCCL builds, each as 'ranks on nodes: path, version, digest'."""
+    return ("the ranks load 2 different NCCL builds (%s; %s): every rank must load one build, as two builds of one "
+            "version have hung a serve mid-run; run the same image on every node and check LD_LIBRARY_PATH and LD_PRELOAD "
+            "in the Ray containers of the node that differs" % (first, second))
+
+
 def test_ranks_on_two_builds_fail_naming_both():
     ranks = ranks_on_two_nodes()
     # Seeded here: rank 1 loads another build of the same version from another folder (a digest changed by hand).
     ranks[1].update(path="/usr/lib/x86_64-linux-gnu/libnccl.so.2", sha256="f" * 64)
     problems = collective_problems({"backend": "nccl", "floor_gbps": 0.0, "nodes": [], "nccl_ranks": ranks}, LAB)
-    assert problems == [
-        "the ranks load 2 different NCCL builds (rank 0 on node1 (10.220.0.11): "
-        "/opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2, NCCL 2.27.5, sha256 1d9c10322efa; "
-        "rank 1 on node2 (10.220.0.12): /usr/lib/x86_64-linux-gnu/libnccl.so.2, NCCL 2.27.5, sha256 ffffffffffff): "
-        "every rank must load one build, as two builds of one version have hung a serve mid-run; run the same image on "
-        "every node and check LD_LIBRARY_PATH and LD_PRELOAD in the Ray containers of the node that differs"]
+    assert problems == [two_builds(
+        "rank 0 on node1 (10.220.0.11): /opt/venv/lib/python3.11/site-packages/nvidia/nccl/lib/libnccl.so.2, NCCL 2.27.5, "
+        "sha256 1d9c10322efa",
+        "rank 1 on node2 (10.220.0.12): /usr/lib/x86_64-linux-gnu/libnccl.so.2, NCCL 2.27.5, sha256 ffffffffffff")]
 
 
 def test_the_summary_lists_each_ranks_build():
@@ -175,3 +180,64 @@ def test_the_summary_lists_each_ranks_build():
             for rank in summary["nccl_ranks"]] == [(0, "10.220.0.11", "2.27.5", "1"), (1, "10.220.0.12", "2.27.5", "1")]
     assert check.summarize("gloo", 2, 64 << 20, 5, [{"ip": "10.220.0.11"}, {"ip": "10.220.0.12"}],
                            [dict(result, nccl=None) for result in results], 0.0)["nccl_ranks"] == []
+
+
+def h100_report(name: str) -> dict:
+    """A report the check printed on a lent H100 (tests/unit/fixtures/nccl/SOURCES.md): two ranks on its one GPU as
+    two hosts, both at 127.0.0.1, over NCCL's socket plugin on eth0."""
+    return json.loads((FIXTURES / "nccl" / name).read_text())
+
+
+H100_EXPECT = {"127.0.0.1": {"host": "h100", "network": "Socket", "interface": "eth0", "ports": []}}
+H100_TORCH_NCCL = "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"
+
+
+def test_an_h100_report_of_one_build_passes():
+    report = h100_report("h100_2ranks_as_hosts_report.json")
+    assert collective_problems(report, H100_EXPECT) == []
+    assert collective_problems(report, dict(H100_EXPECT, **{"127.0.0.1": dict(H100_EXPECT["127.0.0.1"], network="IB")}))[
+        0].startswith("h100 (127.0.0.1): NCCL took NET/Socket where RDMA through  was expected")
+
+
+def test_one_build_preloaded_from_another_path_is_one_build():
+    # Recorded: rank 1 ran with LD_PRELOAD of a byte-for-byte copy of PyTorch's libnccl; it mapped both files, so its
+    # report lists two paths and two (equal) digests. One build: the all-reduce ran, and the verdict must pass.
+    report = h100_report("h100_preload_same_build_other_path_report.json")
+    ranks = report["nccl_ranks"]
+    assert report["error"] is None and report["busbw_gbps"] > 1
+    assert [rank["path"] for rank in ranks] == [H100_TORCH_NCCL, H100_TORCH_NCCL + ", /tmp/copy/libnccl.so.2"]
+    assert ranks[1]["sha256"] == ":".join([ranks[0]["sha256"]] * 2)
+    assert collective_problems(report, H100_EXPECT) == []
+
+
+def test_another_build_preloaded_on_an_h100():
+    # Recorded: rank 1 with LD_PRELOAD of the image's NCCL 2.28.3 beside PyTorch's 2.28.9. NCCL itself refused at the
+    # first all-reduce, on both ranks, before the check could report: each rank's entry holds the error and its maps.
+    recorded = h100_report("h100_preload_other_build_ranks.json")
+    assert "nccl_ranks" not in recorded and [rank["rank"] for rank in recorded["ranks"]] == [0, 1]
+    assert [rank["error"].splitlines()[-1] for rank in recorded["ranks"]] == [
+        "Mismatched NCCL version detected : rank 1 version 22803 rank 0 version 22809",
+        "Mismatched NCCL version detected : rank 0 version 22809 rank 1 version 22803"]
+    # The NCCL each rank ran, in the words of PyTorch's error: the preloaded build won in rank 1.
+    versions = [re.search(r"NCCL version (\S+)", rank["error"]).group(1) for rank in recorded["ranks"]]
+    assert versions == ["2.28.9", "2.28.3"]
+    found = [check.loaded_nccl("".join(rank["maps_nccl"]), version) for rank, version in zip(recorded["ranks"], versions)]
+    assert [item["path"] for item in found] == [
+        H100_TORCH_NCCL, H100_TORCH_NCCL + ", /usr/lib/x86_64-linux-gnu/libnccl.so.2.28.3"]
+    # Off the machine the files cannot be read: the ranks are told apart by path and version, and both are named.
+    ranks = [dict(item, rank=index, ip="127.0.0.1", inherited={"env": {}, "conf": {}}) for index, item in enumerate(found)]
+    for rank in ranks:
+        rank["sha256"] = "unreadable (No such file or directory)"
+    problems = collective_problems({"backend": "nccl", "floor_gbps": 0.0, "nodes": [], "nccl_ranks": ranks}, H100_EXPECT)
+    assert problems == [two_builds(
+        "rank 0 on h100 (127.0.0.1): %s, NCCL 2.28.9, sha256 unreadable (" % H100_TORCH_NCCL,
+        "rank 1 on h100 (127.0.0.1): %s, /usr/lib/x86_64-linux-gnu/libnccl.so.2.28.3, NCCL 2.28.3, sha256 unreadable ("
+        % H100_TORCH_NCCL)]
+    # With the digests sha256sum gave for those files on the machine (as loaded_nccl joins them), by digest.
+    digests = {path: digest for digest, path in (line.split() for line in (
+        FIXTURES / "nccl" / "h100_libnccl_files_sha256.txt").read_text().splitlines())}
+    for rank in ranks:
+        rank["sha256"] = ":".join(digests[path] for path in rank["path"].split(", "))
+    problems = collective_problems({"backend": "nccl", "floor_gbps": 0.0, "nodes": [], "nccl_ranks": ranks}, H100_EXPECT)
+    assert len(problems) == 1 and "sha256 1c8618b86673; rank 1" in problems[0]
+    assert "libnccl.so.2.28.3, NCCL 2.28.3, sha256 1c8618b86673:2db3d5f54a7f)" in problems[0]
