@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import urllib.error
@@ -271,8 +272,8 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
             pushing.join(30)
             if pushing.is_alive():
                 log(f"  still pushing the {key} image ({time.monotonic() - started:.0f}s)")
-        if _PUSH_ERRORS.get(key):
-            raise _PUSH_ERRORS.pop(key)
+        if _PUSHED.pop(key, None) is None:
+            raise _PUSH_ERRORS.pop(key, LabError(f"pushing {local_ref} ended without a manifest (see the log above)"))
         log(f"pushed {local_ref} in {time.monotonic() - started:.0f}s")
         # The registry and the nodes hold it now; the machine's copy (9 GB for the seed's) goes.
         run(["docker", "image", "rm", local_ref], check=False)
@@ -284,14 +285,15 @@ def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
 
 _PULLS: list[threading.Thread] = []
 _PUSH_ERRORS: dict[str, Exception] = {}
+_PUSHED: dict[str, str] = {}
 
 
 def _push(cfg: LabConfig, key: str, local_ref: str) -> None:
     """The image into the lab registry with its layers uncompressed (registry.push_uncompressed says why)."""
     try:
-        push_uncompressed(cfg, local_ref, LAB_IMAGES[key].repo, LAB_IMAGES[key].tag)
-    except (LabError, OSError, subprocess.CalledProcessError) as err:
-        _PUSH_ERRORS[key] = LabError(f"pushing {local_ref} failed: {err}")
+        _PUSHED[key] = push_uncompressed(cfg, local_ref, LAB_IMAGES[key].repo, LAB_IMAGES[key].tag)
+    except (LabError, OSError, subprocess.CalledProcessError, tarfile.TarError, KeyError, ValueError) as err:
+        _PUSH_ERRORS[key] = LabError(f"pushing {local_ref} failed: {err!r}")
 
 
 def wait_for_pulls() -> None:
