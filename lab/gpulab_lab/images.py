@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from .common import BUILD, CACHE, IMAGES_DIR, PROJECT, STATE_FILE, LabError, log, node_dirs, run
+from .common import BUILD, CACHE, IMAGES_DIR, PROJECT, RUN, STATE_FILE, LabError, log, node_dirs, pid_alive, run
 from .config import LAB_IMAGES, LabConfig, LabImage
 from .registry import MANIFEST_V2, push_uncompressed
 
@@ -210,7 +210,57 @@ def keep_first_layer(ref: str, folder: str) -> None:
         run(["docker", "tag", first, f"gpulab-lab/{folder}-system:latest"], check=False)
 
 
+# Built and pushed at the lowest CPU priority: the seed's image (9 GB) builds while the lab stage runs, which needs it
+# only at its end; the lab's tests, which share the machine's cores with it, go first.
+BACKGROUND_IMAGES = ("vllm-seed",)
+
+
+def _builder_pids() -> list[int]:
+    """The processes that do a build's and a push's work: the machine's Docker daemon, its containerd (which starts
+    each build step's processes, and they take its priority), the lab registry."""
+    dockerd = pid_alive(Path("/var/run/docker.pid"))
+    pids = [pid for pid in (dockerd, pid_alive(RUN / "registry.pid")) if pid]
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if dockerd and int(stat.read_text().rsplit(")", 1)[1].split()[1]) == dockerd:
+                pids.append(int(stat.parent.name))
+    return pids
+
+
+def _set_priority(pid: int, priority: int) -> None:
+    """Every thread of a process (a priority is a thread's own on Linux); pid 0: this thread."""
+    tids = [0] if pid == 0 else [int(task.name) for task in Path(f"/proc/{pid}/task").glob("[0-9]*")]
+    for tid in tids:
+        with contextlib.suppress(OSError):  # gone, or not ours to change: it keeps its priority
+            os.setpriority(os.PRIO_PROCESS, tid, priority)
+
+
+@contextlib.contextmanager
+def lowest_priority(key: str):
+    """For a background image: this thread (and the push thread it starts) and the builder's processes at nice 19
+    for the block, each at its own priority again after it."""
+    if key not in BACKGROUND_IMAGES:
+        yield
+        return
+    before = {}
+    for pid in [0, *_builder_pids()]:
+        with contextlib.suppress(OSError):
+            before[pid] = os.getpriority(os.PRIO_PROCESS, pid)
+            _set_priority(pid, 19)
+    log(f"building and pushing the {key} image at the lowest CPU priority (nice 19), behind the lab's work")
+    try:
+        yield
+    finally:
+        for pid, priority in before.items():
+            _set_priority(pid, priority)
+
+
 def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
+    with lowest_priority(key):
+        _ensure_image(cfg, key, push)
+
+
+def _ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
     image = LAB_IMAGES[key]
     folder = IMAGES_DIR / image.folder
     local_ref = cfg.image_ref(key, for_nodes=False)
