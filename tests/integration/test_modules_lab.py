@@ -336,6 +336,11 @@ def test_vllm_dead_engine_is_reported_with_the_servers_own_error(vllm_server, ve
         # vLLM shut its API down between the probes (seen with vLLM 0.17 on a busy machine): the one line above, with
         # the stage it failed at, is all there is to say.
         return
+    if result["probes"]["generation"]["status"] is None:
+        # vLLM shut its API down after /v1/models answered (seen with vLLM 0.32 once its images were byte-compiled and
+        # its shutdown came sooner): the generation got no answer, and the one line says so at the stage it failed.
+        assert "got no answer" in result["msg"], result["msg"]
+        return
     assert result["probes"]["generation"]["status"] == 500
     assert "answered HTTP 500: EngineCore encountered an issue" in result["msg"]
 
