@@ -247,7 +247,6 @@ def lowest_priority(key: str):
         with contextlib.suppress(OSError):
             before[pid] = os.getpriority(os.PRIO_PROCESS, pid)
             _set_priority(pid, 19)
-    log(f"building and pushing the {key} image at the lowest CPU priority (nice 19), behind the lab's work")
     try:
         yield
     finally:
@@ -278,7 +277,8 @@ def _ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
             target = context / ("requirements.txt" if path.name == image.requirements else path.relative_to(folder))
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, target)
-        log(f"building {local_ref} (recipe {digest}): a few minutes; its log: build/lab/logs/build-{key}.log")
+        log(f"building {local_ref} (recipe {digest}): a few minutes; its log: build/lab/logs/build-{key}.log"
+            + (" (at the lowest CPU priority, nice 19, behind the lab's work)" if key in BACKGROUND_IMAGES else ""))
         (BUILD / "lab" / "logs").mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         log_path = BUILD / "lab" / "logs" / f"build-{key}.log"
