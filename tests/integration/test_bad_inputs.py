@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-from labkit import BIN, LAB_INVENTORY, ROOT, lab_hosts as _lab_hosts, node_docker, playbook_env as _env, single_file_image
+from labkit import BIN, LAB_INVENTORY, ROOT, RUN, lab_hosts as _lab_hosts, node_docker, playbook_env as _env, single_file_image
 
 
 NODE_DATA = ROOT / "build" / "lab" / "node-data"
@@ -323,16 +323,16 @@ def test_ray_without_token_authentication_is_refused_unless_auth_is_off(lab, tmp
     """An image whose Ray reports 2.51.0 (the Ray image with its version changed) cannot take a token:
     refused before Ray starts; with ray_cluster_auth false that check stands aside."""
     registry = lab["hosts"]["all"]["vars"]["lab_registry"]
-    local_registry = "127.0.0.1:" + registry.rsplit(":", 1)[1]
     ray_image = lab["hosts"]["all"]["vars"]["lab_ray_image"]
     old = f"{registry}/gpulab/ray:2.51.0-test"
-    context = tmp_path / "ray-old"
-    context.mkdir()
-    (context / "Dockerfile").write_text(
-        f"FROM {ray_image.replace(registry, local_registry)}\n"
-        "RUN sed -i 's/^Version: 2.60.0$/Version: 2.51.0/' /opt/venv/lib/python3.11/site-packages/ray-2.60.0.dist-info/METADATA\n")
-    subprocess.run(["docker", "build", "-q", "-t", old.replace(registry, local_registry), str(context)], check=True, capture_output=True)
-    subprocess.run(["docker", "push", "-q", old.replace(registry, local_registry)], check=True, capture_output=True)
+    # Built on node1's daemon, which holds the Ray image already (the machine's own copy went after its push), and
+    # pushed from there: only the new layer moves.
+    dockerfile = (f"FROM {ray_image}\n"
+                  "RUN sed -i 's/^Version: 2.60.0$/Version: 2.51.0/' /opt/venv/lib/python3.11/site-packages/ray-2.60.0.dist-info/METADATA\n")
+    sock = f"unix://{RUN / 'node1' / 'run' / 'docker.sock'}"
+    subprocess.run(["docker", "-H", sock, "build", "-q", "--network=none", "-t", old, "-"], input=dockerfile, text=True,
+                   check=True, capture_output=True)
+    subprocess.run(["docker", "-H", sock, "push", "-q", old], check=True, capture_output=True)
     inventory = write_inventory(tmp_path, lab["hosts"])
     overrides = {"image_ref": old, "image_allow_tag": True, "image_require_vllm": False, "gpulab_vllm_serve": False,
                  "gate_expected_gpus": 2}
