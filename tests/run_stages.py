@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "lab"))
+from gpulab_lab.images import priorities_by_nice  # noqa: E402  pylint: disable=wrong-import-position
 VENV_BIN = ROOT / ".venv" / "bin"
 LOGS = ROOT / "build" / "test-logs"
 STATIC = ["lint", "sanity", "unit", "collection", "matrix"]
@@ -213,6 +215,13 @@ def run_stage(name: str, commands: list[list[str]], images: BackgroundImages | N
 
 
 def main(argv: list[str]) -> int:
+    # Autogroup off for the run (lab/gpulab_lab/images.py): the static stages' and the seed's nice 19 then yields to
+    # the lab's containers too, not only to the processes of their own session.
+    with priorities_by_nice():
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     stages = stage_commands()
     wanted = argv or os.environ.get("STAGES", "").split() or list(stages)
     unknown = [name for name in wanted if name not in stages]

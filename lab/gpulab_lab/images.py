@@ -235,23 +235,73 @@ def _set_priority(pid: int, priority: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, priority)
 
 
+AUTOGROUP = Path("/proc/sys/kernel/sched_autogroup_enabled")
+
+
+@contextlib.contextmanager
+def priorities_by_nice(switch: Path = AUTOGROUP):
+    """Linux's autogroup (on by default) shares the CPU equally between sessions, whatever their processes' nice
+    values: a container is a session of its own, and so is each build step, so a build at nice 19 took as much CPU as
+    a lab server beside it. Off for the block, so that a nice value holds on the whole machine; as it was after.
+    Processes started during the block keep the scheduling they started with. Without the right to change it (not
+    root, no such kernel setting), nothing changes."""
+    try:
+        before = switch.read_text().strip()
+    except OSError:
+        yield
+        return
+    changed = False
+    if before != "0":
+        with contextlib.suppress(OSError):
+            switch.write_text("0\n")
+            changed = True
+    try:
+        yield
+    finally:
+        if changed:
+            with contextlib.suppress(OSError):
+                switch.write_text(before + "\n")
+
+
 @contextlib.contextmanager
 def lowest_priority(key: str):
     """For a background image: this thread (and the push thread it starts) and the builder's processes at nice 19
-    for the block, each at its own priority again after it."""
+    for the block, with autogroup off so that nice 19 holds against the lab's containers, each at its own priority
+    again after it."""
     if key not in BACKGROUND_IMAGES:
         yield
         return
     before = {}
-    for pid in [0, *_builder_pids()]:
-        with contextlib.suppress(OSError):
-            before[pid] = os.getpriority(os.PRIO_PROCESS, pid)
-            _set_priority(pid, 19)
-    try:
-        yield
-    finally:
-        for pid, priority in before.items():
-            _set_priority(pid, priority)
+    with priorities_by_nice():
+        for pid in [0, *_builder_pids()]:
+            with contextlib.suppress(OSError):
+                before[pid] = os.getpriority(os.PRIO_PROCESS, pid)
+                _set_priority(pid, 19)
+        try:
+            yield
+        finally:
+            for pid, priority in before.items():
+                _set_priority(pid, priority)
+
+
+UNPACKER = b"docker-untar"
+
+
+def _lower_unpackers(running, every: float = 1.0, priority: int = 19) -> None:
+    """While running() is true, every layer unpacker of the machine's Docker daemons (a child each daemon starts per
+    layer, argv[0] docker-untar) at nice 19: a node's pull of a background image unpacks gigabytes on the cores the
+    lab's tests use, while the node's daemon itself keeps its priority for the tests' calls (priority: for a test)."""
+    lowered: set[int] = set()
+    while running():
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            pid = int(cmdline.parent.name)
+            if pid in lowered:
+                continue
+            with contextlib.suppress(OSError):
+                if cmdline.read_bytes().split(b"\0", 1)[0] == UNPACKER:
+                    _set_priority(pid, priority)
+                    lowered.add(pid)
+        time.sleep(every)
 
 
 def ensure_image(cfg: LabConfig, key: str, push: bool = True) -> None:
@@ -365,6 +415,9 @@ def pull_on_nodes(cfg: LabConfig, key: str) -> None:
     ref, started = pinned_ref(cfg, key), time.monotonic()
     pulls = {name: subprocess.Popen(["docker", "-H", f"unix://{sock}", "pull", "--quiet", ref], stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True) for name, sock in sockets.items()}
+    if key in BACKGROUND_IMAGES:
+        threading.Thread(target=_lower_unpackers, args=(lambda: any(p.poll() is None for p in pulls.values()),),
+                         name=f"lower-{key}", daemon=True).start()
     failed = {name: (proc.communicate()[1] or "").strip()[-200:] for name, proc in pulls.items() if proc.wait() != 0}
     log(f"pulled {key} onto {', '.join(sorted(set(pulls) - set(failed))) or 'no node'} in {time.monotonic() - started:.0f}s"
         + "".join(f"; {name} did not pull it ({why})" for name, why in sorted(failed.items())))

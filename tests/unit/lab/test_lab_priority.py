@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "lab"))
@@ -44,3 +45,41 @@ def test_an_image_on_the_critical_path_keeps_every_priority():
     with images.lowest_priority("vllm"):
         assert os.getpriority(os.PRIO_PROCESS, 0) == before
     assert "vllm-seed" in images.BACKGROUND_IMAGES and "ray" not in images.BACKGROUND_IMAGES
+
+
+def test_autogroup_is_off_for_the_block_and_as_it_was_after(tmp_path):
+    switch = tmp_path / "sched_autogroup_enabled"
+    switch.write_text("1\n")
+    with images.priorities_by_nice(switch):
+        assert switch.read_text().strip() == "0"
+    assert switch.read_text().strip() == "1"
+    # Already off (make test's run around a build's block): left off after the block too.
+    switch.write_text("0\n")
+    with images.priorities_by_nice(switch):
+        assert switch.read_text().strip() == "0"
+    assert switch.read_text().strip() == "0"
+    # No such setting (another kernel): the block runs, nothing is written.
+    with images.priorities_by_nice(tmp_path / "absent"):
+        pass
+    assert not (tmp_path / "absent").exists()
+
+
+def test_a_layer_unpacker_is_lowered_while_the_pull_runs():
+    # A process whose argv[0] is the daemon's unpacker's name, as a Docker daemon starts one per layer it unpacks.
+    child = subprocess.Popen(["bash", "-c", "exec -a docker-untar sleep 60"])
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/cmdline").read_bytes().split(b"\0", 1)[0] != b"docker-untar":
+            assert time.monotonic() < deadline, "the stand-in unpacker did not start"
+            time.sleep(0.05)
+        start = os.getpriority(os.PRIO_PROCESS, child.pid)
+        target = 19 if start < 19 else 10
+        rounds = iter([True, False])
+        images._lower_unpackers(lambda: next(rounds), every=0, priority=target)  # pylint: disable=protected-access
+        assert _nice_of_threads(child.pid) == [target]
+        assert os.getpriority(os.PRIO_PROCESS, other.pid) == start
+    finally:
+        for proc in (child, other):
+            proc.kill()
+            proc.wait()
