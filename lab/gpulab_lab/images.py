@@ -287,10 +287,11 @@ def lowest_priority(key: str):
 UNPACKER = b"docker-untar"
 
 
-def _lower_unpackers(running, every: float = 1.0, priority: int = 19) -> None:
+def _lower_unpackers(running, every: float = 1.0, priority: int = 19, name: bytes = UNPACKER) -> None:
     """While running() is true, every layer unpacker of the machine's Docker daemons (a child each daemon starts per
     layer, argv[0] docker-untar) at nice 19: a node's pull of a background image unpacks gigabytes on the cores the
-    lab's tests use, while the node's daemon itself keeps its priority for the tests' calls (priority: for a test)."""
+    lab's tests use, while the node's daemon itself keeps its priority for the tests' calls (priority and name: for a
+    test, which must leave the machine's real unpackers alone)."""
     lowered: set[int] = set()
     while running():
         for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
@@ -298,7 +299,7 @@ def _lower_unpackers(running, every: float = 1.0, priority: int = 19) -> None:
             if pid in lowered:
                 continue
             with contextlib.suppress(OSError):
-                if cmdline.read_bytes().split(b"\0", 1)[0] == UNPACKER:
+                if cmdline.read_bytes().split(b"\0", 1)[0] == name:
                     _set_priority(pid, priority)
                     lowered.add(pid)
         time.sleep(every)

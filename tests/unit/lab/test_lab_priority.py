@@ -65,20 +65,24 @@ def test_autogroup_is_off_for_the_block_and_as_it_was_after(tmp_path):
 
 
 def test_a_layer_unpacker_is_lowered_while_the_pull_runs():
-    # A process whose argv[0] is the daemon's unpacker's name, as a Docker daemon starts one per layer it unpacks.
-    child = subprocess.Popen(["bash", "-c", "exec -a docker-untar sleep 60"])
+    # A process named as the daemon's unpackers are (argv[0]), one per layer a Docker daemon unpacks; under a name of
+    # this test's own, so that the machine's real unpackers (a lab pulling beside the unit stage) are left alone.
+    name = f"gpulab-test-untar-{os.getpid()}"
+    child = subprocess.Popen(["bash", "-c", f"exec -a {name} sleep 60"])
     other = subprocess.Popen(["sleep", "60"])
     try:
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{child.pid}/cmdline").read_bytes().split(b"\0", 1)[0] != b"docker-untar":
+        while Path(f"/proc/{child.pid}/cmdline").read_bytes().split(b"\0", 1)[0] != name.encode():
             assert time.monotonic() < deadline, "the stand-in unpacker did not start"
             time.sleep(0.05)
         start = os.getpriority(os.PRIO_PROCESS, child.pid)
         target = 19 if start < 19 else 10
         rounds = iter([True, False])
-        images._lower_unpackers(lambda: next(rounds), every=0, priority=target)  # pylint: disable=protected-access
+        images._lower_unpackers(lambda: next(rounds), every=0, priority=target,  # pylint: disable=protected-access
+                                name=name.encode())
         assert _nice_of_threads(child.pid) == [target]
         assert os.getpriority(os.PRIO_PROCESS, other.pid) == start
+        assert images.UNPACKER == b"docker-untar"  # the name Docker's daemon gives the unpackers it starts
     finally:
         for proc in (child, other):
             proc.kill()
