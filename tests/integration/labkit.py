@@ -44,10 +44,10 @@ def in_node(node: str, *cmd: str, check: bool = True, timeout: float = 60) -> su
                           timeout=timeout)
 
 
-def node_docker(node: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """Run the docker client against one lab node's own daemon."""
+def node_docker(node: str, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """Run the docker client against one lab node's own daemon (stdin: what the client reads, a Dockerfile say)."""
     sock = RUN / node / "run" / "docker.sock"
-    return subprocess.run(["docker", "-H", f"unix://{sock}", *args], capture_output=True, text=True,
+    return subprocess.run(["docker", "-H", f"unix://{sock}", *args], capture_output=True, text=True, input=stdin,
                           check=check, timeout=180)
 
 

@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.lab
 
-from labkit import BIN, LAB_INVENTORY, ROOT, RUN, lab_hosts as _lab_hosts, node_docker, playbook_env as _env, single_file_image
+from labkit import BIN, LAB_INVENTORY, ROOT, lab_hosts as _lab_hosts, node_docker, playbook_env as _env, single_file_image
 
 
 NODE_DATA = ROOT / "build" / "lab" / "node-data"
@@ -329,10 +329,8 @@ def test_ray_without_token_authentication_is_refused_unless_auth_is_off(lab, tmp
     # pushed from there: only the new layer moves.
     dockerfile = (f"FROM {ray_image}\n"
                   "RUN sed -i 's/^Version: 2.60.0$/Version: 2.51.0/' /opt/venv/lib/python3.11/site-packages/ray-2.60.0.dist-info/METADATA\n")
-    sock = f"unix://{RUN / 'node1' / 'run' / 'docker.sock'}"
-    subprocess.run(["docker", "-H", sock, "build", "-q", "--network=none", "-t", old, "-"], input=dockerfile, text=True,
-                   check=True, capture_output=True)
-    subprocess.run(["docker", "-H", sock, "push", "-q", old], check=True, capture_output=True)
+    node_docker("node1", "build", "-q", "--network=none", "-t", old, "-", stdin=dockerfile)
+    node_docker("node1", "push", "-q", old)
     inventory = write_inventory(tmp_path, lab["hosts"])
     overrides = {"image_ref": old, "image_allow_tag": True, "image_require_vllm": False, "gpulab_vllm_serve": False,
                  "gate_expected_gpus": 2}
