@@ -15,6 +15,11 @@ import re
 # NCCL's own TCP plugin; every other network plugin NCCL names (IB, or an external one such as IBext_v8) runs RDMA.
 SOCKET = "Socket"
 
+RAILS_FIX = ("every link to the head passed, so NCCL crosses fewer rails than the fabric has: check that NCCL's "
+             "'NET/IB : Using' line on each node lists every rail (NCCL_IB_HCA), that each rail is ACTIVE at its rate "
+             "(ibstat), and GPU-to-HCA affinity (nvidia-smi topo -m); or lower collective_min_gbps if fewer rails are "
+             "meant")
+
 FLOOR_FIX = ("check the link's speed and errors (ethtool, ibstat), the MTU on both ends, a throttled or shared port "
              "(tc qdisc), or lower collective_min_gbps if this fabric is slower on purpose")
 
@@ -113,16 +118,91 @@ def _library_problem(ranks: list, expect: dict) -> str:
 
 def _floor_problem(info: dict, expect: dict) -> str:
     floor = float(info.get("floor_gbps") or 0)
-    if floor <= 0:
-        return ""
+    # Each node's link to the head is one pair of ranks: held to one port's floor (the same floor on one rail).
+    link_floor = float(info.get("link_floor_gbps") if info.get("link_floor_gbps") is not None else floor)
     slow = ["%s: its link to the head carried %s Gbit/s" % (_where(node, expect.get(node.get("ip")) or {}), node["link_gbps"])
-            for node in info.get("nodes") or [] if node.get("link_gbps") is not None and node["link_gbps"] < floor]
+            for node in info.get("nodes") or [] if link_floor > 0 and node.get("link_gbps") is not None
+            and node["link_gbps"] < link_floor]
+    if slow:
+        return "%s; floor %s Gbit/s (%s): %s" % ("; ".join(slow), info.get("link_floor_gbps", info.get("floor_gbps")),
+                                                 info.get("link_floor", info.get("floor")), FLOOR_FIX)
     busbw = info.get("busbw_gbps")
-    if not slow and busbw is not None and busbw < floor:
-        slow.append("the all-reduce reached %s Gbit/s of bus bandwidth with every link above the floor" % busbw)
-    if not slow:
-        return ""
-    return "%s; floor %s Gbit/s (%s): %s" % ("; ".join(slow), info.get("floor_gbps"), info.get("floor"), FLOOR_FIX)
+    if floor > 0 and busbw is not None and busbw < floor:
+        return ("the all-reduce reached %s Gbit/s of bus bandwidth with every link above the floor; floor %s Gbit/s "
+                "(%s): %s" % (busbw, info.get("floor_gbps"), info.get("floor"),
+                              RAILS_FIX if " rails " in str(info.get("floor")) else FLOOR_FIX))
+    return ""
+
+
+def _gbps(rate) -> float:
+    """'400 Gb/sec (4X NDR)' (an HCA port's rate as sysfs gives it) -> 400.0; 0.0 when there is none."""
+    try:
+        return float(str(rate or "").split(" ", 1)[0])
+    except ValueError:
+        return 0.0
+
+
+def collective_expectations(hosts, fabrics, networks=None) -> dict:
+    """What the collective must show on each node, by fabric address, from what the fabric role published.
+
+    hosts: the nodes' names; fabrics: each node's fabric_info; networks: each node's network read (for the speed of
+    an interface without RDMA). Per node: 'host', 'network' ('IB' for RDMA, 'Socket' for TCP), 'ports' and
+    'interface' (what collective_problems compares NCCL's devices with), 'rate_gbps' (what the node's fabric carries at
+    most: over RDMA the sum of its physical ports, the interface's and each rail's, a twin being a second path to a
+    port already counted; over TCP the interface's speed), 'port_gbps' (its slowest physical port; the interface's
+    speed over TCP) and 'rails' (how many physical ports are summed)."""
+    out = {}
+    networks = list(networks or [])
+    for index, (host, fabric) in enumerate(zip(hosts, fabrics)):
+        fabric = fabric or {}
+        ports = list(fabric.get("rdma_ports") or [])
+        if fabric.get("transport") == "rdma":
+            rates = [_gbps(port.get("rate")) for port in ports if port.get("role") != "twin"]
+            rates = [rate for rate in rates if rate > 0]
+            aggregate, slowest = sum(rates), (min(rates) if rates else 0.0)
+        else:
+            network = (networks[index] if index < len(networks) else None) or {}
+            iface = str(fabric.get("interface") or "")
+            info = network.get(iface.replace("-", "_").replace(".", "_").replace(":", "_")) or network.get(iface) or {}
+            aggregate = slowest = float(info.get("speed") or 0) / 1000
+            rates = [aggregate] if aggregate > 0 else []
+        out[fabric.get("ip")] = {
+            "host": host, "network": "IB" if fabric.get("transport") == "rdma" else SOCKET, "ports": ports,
+            "interface": fabric.get("interface"), "rate_gbps": aggregate, "port_gbps": slowest, "rails": len(rates)}
+    return out
+
+
+def collective_floor(expect: dict, min_gbps=None, fraction=0.25) -> dict:
+    """The floors the collective is held to, and where each comes from.
+
+    'floor_gbps' for the all-reduce's bus bandwidth: collective_min_gbps when given, else fraction x the slowest
+    node's rate_gbps (on a multi-rail host its rails together: one rail of eight falls under it);
+    'link_floor_gbps' for each node's link to the head (one pair of ranks): the same given value, else fraction x
+    the slowest physical port. 0.0 with 'no floor' when no rate is known."""
+    if min_gbps is not None and str(min_gbps) != "":
+        return {"floor_gbps": float(min_gbps), "floor": "collective_min_gbps",
+                "link_floor_gbps": float(min_gbps), "link_floor": "collective_min_gbps"}
+    fraction = float(fraction)
+    known = [want for want in (expect or {}).values() if float(want.get("rate_gbps") or 0) > 0]
+    if not known:
+        return {"floor_gbps": 0.0, "floor": "no floor: no fabric rate known",
+                "link_floor_gbps": 0.0, "link_floor": "no floor: no fabric rate known"}
+    slowest = min(known, key=lambda want: float(want["rate_gbps"]))
+    port = min(float(want.get("port_gbps") or want["rate_gbps"]) for want in known)
+    rate = float(slowest["rate_gbps"])
+    rails = int(slowest.get("rails") or 1)
+    link = {"link_floor_gbps": round(port * fraction, 3),
+            "link_floor": "%s x %s Gbit/s, the slowest fabric rate" % (fraction, _number(port))}
+    if rails > 1:
+        return dict(link, floor_gbps=round(rate * fraction, 3),
+                    floor="%s x %s Gbit/s, the slowest node's %d rails together (%s)"
+                    % (fraction, _number(rate), rails, slowest.get("host")))
+    return dict(link, floor_gbps=round(rate * fraction, 3),
+                floor="%s x %s Gbit/s, the slowest fabric rate" % (fraction, _number(rate)))
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 def collective_problems(info: dict, expect: dict) -> list:
@@ -142,4 +222,5 @@ def collective_problems(info: dict, expect: dict) -> list:
 
 class FilterModule:
     def filters(self):
-        return {"collective_problems": collective_problems, "nccl_port": nccl_port}
+        return {"collective_problems": collective_problems, "nccl_port": nccl_port,
+                "collective_expectations": collective_expectations, "collective_floor": collective_floor}

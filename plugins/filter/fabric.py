@@ -57,8 +57,8 @@ def fabric_interface(facts: dict, subnet: str, host: str = "this host", expected
     if len({pair[0] for pair in inside}) > 1:
         listed = ", ".join(f"{iface}={addr}" for iface, addr in inside)
         raise AnsibleFilterError(
-            f"{host} has several interfaces on the fabric subnet {network} ({listed}); "
-            f"give each host one fabric interface or narrow the subnet"
+            f"{host} has several interfaces on the fabric subnet {network} ({listed}); set fabric_address for {host} "
+            f"to the one Ray, Gloo and NCCL's bootstrap are to use (NCCL takes every rail on its own), or narrow the subnet"
         )
     iface, addr = inside[0]
     info = facts.get(iface.replace("-", "_").replace(".", "_").replace(":", "_"), {}) or facts.get(iface, {}) or {}
@@ -100,6 +100,72 @@ def _entry(name: str, number: str, device: dict, role: str) -> dict:
             "rate": port.get("rate"), "state": port.get("state"), "role": role}
 
 
+def _gbps(rate) -> float:
+    """'400 Gb/sec (4X NDR)' -> 400.0: a port's rate in Gbit/s as sysfs gives it; 0.0 when it gives none."""
+    head = str(rate or "").split(" ", 1)[0]
+    try:
+        return float(head)
+    except ValueError:
+        return 0.0
+
+
+def _port_netdevs(name: str, number: str, device: dict, netdevs: dict) -> list:
+    """The interfaces on a device's port: those the kernel lists with the device, and those its GIDs name (a VLAN or
+    a bond on top of it)."""
+    found = {netdev for netdev, info in netdevs.items()
+             if name in ((info or {}).get("rdma_devices") or []) and _port_of(device, netdev, info or {}) == number}
+    found.update(gid["netdev"] for gid in device["ports"][number].get("gids") or [] if gid.get("netdev"))
+    return sorted(found)
+
+
+def _rails(devices: dict, netdevs: dict, chosen: list, addresses: dict, network) -> list:
+    """The other compute ports of a multi-rail host, beside the fabric interface's own: every ACTIVE port with the
+    interface port's link layer and rate, unless an interface on it holds an address off the fabric subnet (it
+    serves another network: storage, in-band management). On Ethernet a rail must hold an address on the fabric
+    subnet, as RoCE v2 reaches a port by its address; an InfiniBand port needs none."""
+    base = next((entry for entry in chosen if entry["role"] == "interface"), None)
+    if base is None:
+        return []
+    taken = {entry["device"] for entry in chosen}
+    rails = []
+    for name, device in sorted(devices.items()):
+        if name in taken:
+            continue
+        for number, port in sorted((device.get("ports") or {}).items()):
+            if (port.get("state") != "ACTIVE" or port.get("link_layer") != base["link_layer"]
+                    or _gbps(port.get("rate")) != _gbps(base["rate"])):
+                continue
+            held = [address for netdev in _port_netdevs(name, number, device, netdevs)
+                    for address in addresses.get(netdev, [])]
+            if network is not None and any(ipaddress.ip_address(address) not in network for address in held):
+                continue
+            if base["link_layer"] == "Ethernet" and not held:
+                continue
+            rails.append(_entry(name, number, device, "rail"))
+    return rails
+
+
+def _twins(devices: dict, chosen: list) -> list:
+    """Another PCIe function of the same adapter (same system image GUID) with the same function number behind
+    another PCIe link reaches the same physical port (a DGX Spark's two x4 links); NCCL uses both when both are
+    ACTIVE."""
+    twins = []
+    for entry in chosen:
+        parts = _pci_parts(entry["pci"])
+        guid = devices[entry["device"]].get("sys_image_guid")
+        if parts is None or not guid:
+            continue
+        for name, device in sorted(devices.items()):
+            other = _pci_parts(device.get("pci"))
+            if (name in [item["device"] for item in chosen + twins] or other is None
+                    or device.get("sys_image_guid") != guid or other[2] != parts[2] or other[:2] == parts[:2]):
+                continue
+            for number, port in sorted((device.get("ports") or {}).items()):
+                if port.get("state") == "ACTIVE" and port.get("link_layer") == entry["link_layer"]:
+                    twins.append(_entry(name, number, device, "twin"))
+    return twins
+
+
 def _roce_v2_problem(host: str, entry: dict, device: dict, interface: str) -> str:
     if entry["link_layer"] != "Ethernet":
         return ""
@@ -112,12 +178,17 @@ def _roce_v2_problem(host: str, entry: dict, device: dict, interface: str) -> st
             f"(cma_roce_mode / mlxconfig) and give the interface its address again, or set fabric_transport: socket")
 
 
-def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", override=None, transport: str = "auto") -> list:
-    """The RDMA ports behind the fabric interface, the ones NCCL and UCX are to use, sorted by PCI address.
+def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", override=None, transport: str = "auto",
+                network_facts=None, subnet=None) -> list:
+    """The RDMA ports NCCL and UCX are to use, sorted by PCI address: the fabric interface's own, its twins, and on a
+    multi-rail host every other compute port (rail).
 
     [{'device', 'port', 'pci', 'link_layer', 'rate', 'state', 'role'}] where role is 'interface' (the interface's own
     device), 'twin' (the other PCIe function of the same physical port, as on a DGX Spark, where each port is reached
-    over two PCIe x4 links) or 'override'. Only ACTIVE ports; empty when the interface has no RDMA device (sockets).
+    over two PCIe x4 links), 'rail' (another ACTIVE port of the interface port's link layer and rate, as the eight
+    compute HCAs of a DGX H100; see _rails for the ports left out) or 'override'. Only ACTIVE ports; empty when the
+    interface has no RDMA device (sockets). network_facts and subnet (the node's addresses and the fabric subnet)
+    tell a rail from a port that serves another network.
     """
     if transport not in ("auto", "rdma", "socket"):
         raise AnsibleFilterError(f"{host}: fabric_transport is {transport!r}; use auto, rdma or socket")
@@ -164,21 +235,15 @@ def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", overri
                     f"{entry['state']} ({device['ports'][number].get('phys_state')}); check the cable and the switch "
                     f"port, or set fabric_transport: socket to run the collectives over TCP")
             chosen.append(entry)
-        # The twin: another PCIe function of the same adapter (same system image GUID) with the same function
-        # number behind another PCIe link reaches the same physical port; NCCL uses both when both are ACTIVE.
-        for entry in list(chosen):
-            parts = _pci_parts(entry["pci"])
-            guid = devices[entry["device"]].get("sys_image_guid")
-            if parts is None or not guid:
-                continue
-            for name, device in sorted(devices.items()):
-                other = _pci_parts(device.get("pci"))
-                if (name in [item["device"] for item in chosen] or other is None or device.get("sys_image_guid") != guid
-                        or other[2] != parts[2] or other[:2] == parts[:2]):
-                    continue
-                for number, port in sorted((device.get("ports") or {}).items()):
-                    if port.get("state") == "ACTIVE" and port.get("link_layer") == entry["link_layer"]:
-                        chosen.append(_entry(name, number, device, "twin"))
+        addresses: dict = {}
+        for netdev, address in _interface_addresses(network_facts or {}):
+            addresses.setdefault(netdev, []).append(address)
+        try:
+            fabric_net = ipaddress.ip_network(subnet, strict=False) if subnet else None
+        except ValueError:
+            fabric_net = None  # fabric_interface names a bad subnet
+        chosen += _rails(devices, netdevs, chosen, addresses, fabric_net)
+        chosen += _twins(devices, chosen)
     if transport == "rdma" and not chosen:
         have = ", ".join(f"{name}: {', '.join((netdevs.get(name) or {}).get('rdma_devices') or [])}" for name in sorted(netdevs))
         raise AnsibleFilterError(

@@ -51,14 +51,14 @@ def test_nccl_names_devices_as_the_fabric_does():
 
 
 def test_both_hcas_taken_where_both_are_the_fabric_passes():
-    assert collective_problems(roce_report(), rdma_expect([("mlx5_10", "interface"), ("mlx5_11", "twin")])) == []
+    assert collective_problems(roce_report(), rdma_expect([("mlx5_10", "interface"), ("mlx5_11", "rail")])) == []
 
 
 def test_a_port_of_the_fabric_left_out_is_named_with_its_role():
-    expect = rdma_expect([("mlx5_10", "interface"), ("mlx5_11", "twin"), ("mlx5_12", "twin")])
+    expect = rdma_expect([("mlx5_10", "interface"), ("mlx5_11", "rail"), ("mlx5_12", "rail")])
     problems = collective_problems(roce_report(), expect)
     assert len(problems) == 2
-    assert problems[0].startswith("dgxh100-3 (11.1.128.128): NCCL's IB plugin left out mlx5_12:1 (twin); the fabric's "
+    assert problems[0].startswith("dgxh100-3 (11.1.128.128): NCCL's IB plugin left out mlx5_12:1 (rail); the fabric's "
                                   "ports are mlx5_10:1, mlx5_11:1, mlx5_12:1: NCCL_IB_HCA in the Ray containers' "
                                   "environment must name exactly these")
 
@@ -75,14 +75,14 @@ def test_an_external_rdma_plugin_is_judged_by_its_devices():
     report = roce_report()
     for item in report["nodes"]:
         item["network"] = "IBext_v8"
-    assert collective_problems(report, rdma_expect([("mlx5_10", "interface"), ("mlx5_11", "twin")])) == []
+    assert collective_problems(report, rdma_expect([("mlx5_10", "interface"), ("mlx5_11", "rail")])) == []
     problems = collective_problems(report, rdma_expect([("mlx5_10", "interface")]))
     assert problems and "NCCL's IBext_v8 plugin took mlx5_11:1" in problems[0]
 
 
 def test_sockets_where_rdma_was_expected():
     report = roce_report(nodes=[node("11.1.128.128", "h200_2ranks_as_hosts_socket_rank0")])
-    problems = collective_problems(report, rdma_expect([("mlx5_10", "interface"), ("mlx5_11", "twin")]))
+    problems = collective_problems(report, rdma_expect([("mlx5_10", "interface"), ("mlx5_11", "rail")]))
     assert problems == ["dgxh100-3 (11.1.128.128): NCCL took NET/Socket where RDMA through mlx5_10:1, mlx5_11:1 was "
                         "expected: check that the container has /dev/infiniband, the image libibverbs and the mlx5 "
                         "provider, and NCCL_IB_HCA"]

@@ -69,14 +69,15 @@ def test_spark_two_cables_each_port_keeps_its_own_twin(tmp_path):
     assert ports(fabric_rdma(rdma, "enP2p1s0f1np1")) == ["rocep1s0f1:1", "roceP2p1s0f1:1"]
 
 
-def test_h100_storage_hca_is_left_out_of_the_compute_fabric(tmp_path):
+def test_h100_storage_hca_is_left_out_of_the_compute_rails(tmp_path):
     rdma = read(tmp_path, fixture("h100_storage_hca")["tree"])
     assert len(rdma["devices"]) >= 9
     found = fabric_rdma(rdma, "ibp24s0", "gpu01")
-    assert ports(found) == ["mlx5_0:1"] and found[0]["link_layer"] == "InfiniBand"
+    assert {item["link_layer"] for item in found} == {"InfiniBand"}
+    assert not {"mlx5_1:1", "mlx5_2:1", "mlx5_7:1", "mlx5_8:1"} & set(ports(found))
     env = fabric_env({"interface": "ibp24s0", "address": "100.126.6.86"}, "100.126.6.85", found)
     # Exact match: a prefix mlx5_1 would also take mlx5_10 and mlx5_11.
-    assert env["NCCL_IB_HCA"] == "=mlx5_0:1"
+    assert env["NCCL_IB_HCA"].startswith("=mlx5_0:1,mlx5_3:1,") and "mlx5_1:" not in env["NCCL_IB_HCA"]
 
 
 def test_override_names_ports_that_must_exist_and_be_active(tmp_path):
