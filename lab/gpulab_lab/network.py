@@ -149,8 +149,14 @@ def present_sysfs(cfg: LabConfig, name: str, fixture: str) -> None:
             shutil.rmtree(sysfs.DEV_INFINIBAND, ignore_errors=True)
             marker.unlink()
         return
+    # The node's own IPv4 addresses as GIDs of the ports of its interfaces, as its kernel would list them.
+    import json  # noqa: PLC0415
+
+    links = json.loads(_in_node(name, ["ip", "-j", "-4", "address", "show"]).stdout or "[]")
+    addresses = {link["ifname"]: [entry["local"] for entry in link.get("addr_info") or [] if entry.get("local")]
+                 for link in links if link.get("ifname")}
     try:
-        sysfs.materialize(sysfs.load(sysfs.fixture_path(fixture)), run_dir / sysfs.TREE)
+        sysfs.materialize(sysfs.with_addresses(sysfs.load(sysfs.fixture_path(fixture)), addresses), run_dir / sysfs.TREE)
     except FileNotFoundError as exc:
         raise LabError(str(exc)) from exc
     lab_dir = str(Path(__file__).resolve().parents[1])

@@ -69,6 +69,44 @@ def record(sysfs: Path = Path("/sys")) -> dict:
     return tree
 
 
+def _ipv4_gid(address: str) -> str:
+    """192.168.177.12 -> 0000:0000:0000:0000:0000:ffff:c0a8:b10c, the IPv4-mapped GID the kernel lists for it."""
+    a, b, c, d = (int(part) for part in address.split("."))
+    return "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x" % (a, b, c, d)
+
+
+def with_addresses(tree: dict, addresses: dict) -> dict:
+    """The tree with the IPv4 GIDs the kernel would list for these addresses ({interface: [IPv4, ...]}, in the order
+    the interface holds them): on each RoCE port, the GIDs of the recorded addresses go, and for each address of an
+    interface the port's GIDs name, one GID per type the port lists (RoCE v1, RoCE v2) is added at the next free
+    indices, as the kernel adds them when an address comes up."""
+    out = dict(tree)
+    ports: dict = {}
+    for rel, value in tree.items():
+        if "/gids/" in rel and isinstance(value, str):
+            port, index = rel.rsplit("/gids/", 1)
+            ports.setdefault(port, {})[int(index)] = value.strip()
+    for port, gids in sorted(ports.items()):
+        types = {index: str(tree.get(f"{port}/gid_attrs/types/{index}", "")).strip() for index in gids}
+        netdevs = {index: str(tree.get(f"{port}/gid_attrs/ndevs/{index}", "")).strip() for index in gids}
+        for index, gid in gids.items():
+            if gid.startswith("0000:0000:0000:0000:0000:ffff:"):
+                for rel in (f"{port}/gids/{index}", f"{port}/gid_attrs/types/{index}", f"{port}/gid_attrs/ndevs/{index}"):
+                    out.pop(rel, None)
+        kept = {index for index, gid in gids.items() if not gid.startswith("0000:0000:0000:0000:0000:ffff:")}
+        kinds = sorted({types[index] for index in kept if types[index]}, key=lambda kind: ("v2" in kind, kind))
+        named = sorted({netdevs[index] for index in kept if netdevs[index]})
+        free = (index for index in range(len(gids) + 64) if index not in kept)
+        for netdev in named:
+            for address in addresses.get(netdev, []):
+                for kind in kinds:
+                    index = next(free)
+                    out[f"{port}/gids/{index}"] = _ipv4_gid(address) + "\n"
+                    out[f"{port}/gid_attrs/types/{index}"] = kind + "\n"
+                    out[f"{port}/gid_attrs/ndevs/{index}"] = netdev + "\n"
+    return out
+
+
 def materialize(tree: dict, root: Path) -> Path:
     """Write a recorded tree below root (files and relative links, as recorded); returns root."""
     for rel, value in sorted(tree.items()):

@@ -166,16 +166,88 @@ def _twins(devices: dict, chosen: list) -> list:
     return twins
 
 
-def _roce_v2_problem(host: str, entry: dict, device: dict, interface: str) -> str:
+def gid_ipv4(gid: str) -> str | None:
+    """The IPv4 address an IPv4-mapped GID carries ('0000:...:ffff:c0a8:b10c' -> '192.168.177.12'), else None."""
+    try:
+        mapped = ipaddress.IPv6Address(str(gid).strip()).ipv4_mapped
+    except ValueError:
+        return None
+    return str(mapped) if mapped else None
+
+
+def _gid_valid(gid: str) -> bool:
+    """As NCCL judges a GID: configured (not all zero, not fe80:: alone) and not link-local (fe80::/64)."""
+    try:
+        packed = ipaddress.IPv6Address(str(gid).strip()).packed
+    except ValueError:
+        return False
+    head, trailer = packed[:4], packed[4:]
+    if not any(packed) or (head == b"\xfe\x80\x00\x00" and not any(trailer)):
+        return False
+    return not (head == b"\xfe\x80\x00\x00" and not any(packed[4:8]))
+
+
+def _gid_version(gid: dict) -> int:
+    kind = str(gid.get("type") or "")
+    return 2 if kind.startswith("RoCE v2") else 1 if "v1" in kind else -1
+
+
+def nccl_roce_gid(gids: list) -> dict | None:
+    """The GID NCCL takes on a RoCE port when NCCL_IB_GID_INDEX, NCCL_IB_ADDR_FAMILY, NCCL_IB_ADDR_RANGE and
+    NCCL_IB_ROCE_VERSION_NUM are left alone (IPv4, RoCE v2), by the rule NCCL's IB transport applies to the port's
+    GID table: start at index 0, move to a candidate of the wanted family where the current one is of the other, and
+    within the family to a valid candidate of the wanted version where the current one differs in version or is not
+    valid. On a port whose only GIDs are link-local (an interface without an address) that leaves index 0."""
+    table = {int(gid["index"]): gid for gid in gids or [] if str(gid.get("index", "")).isdigit()}
+    if not table:
+        return None
+    current = table.get(0, {"index": 0, "gid": "::", "type": None})
+    for index in sorted(number for number in table if number > 0):
+        candidate = table[index]
+        v4 = gid_ipv4(candidate.get("gid")) is not None
+        if v4 != (gid_ipv4(current.get("gid")) is not None) and v4:
+            current = candidate
+            continue
+        if not v4 or not _gid_valid(candidate.get("gid")):
+            continue
+        if ((_gid_version(current) != _gid_version(candidate) or not _gid_valid(current.get("gid")))
+                and _gid_version(candidate) == 2):
+            current = candidate
+    return current
+
+
+def _gid_said(gid: dict | None) -> str:
+    if not gid:
+        return "no GID"
+    address = gid_ipv4(gid.get("gid"))
+    what = address if address else ("link-local " if str(gid.get("gid")).startswith("fe80") else "") + str(gid.get("gid")).strip()
+    return f"GID {gid.get('index')} ({what}, {gid.get('type')})"
+
+
+def _roce_v2_problem(host: str, entry: dict, device: dict, interface: str, addresses=()) -> str:
+    """Why NCCL would not reach the other nodes through this RoCE port, or ''. A port holding fabric addresses (the
+    interface's, a rail's) must have NCCL take a RoCE v2 GID for one of them: a GID for another address, or none
+    for it (the address on a bridge or macvlan over the port, not on the port's own interface, a VLAN or a bond),
+    sends NCCL's traffic from an address the fabric does not route."""
     if entry["link_layer"] != "Ethernet":
         return ""
     gids = device["ports"][str(entry["port"])].get("gids") or []
-    if any(gid.get("type") == "RoCE v2" for gid in gids):
+    where = f"{host}: RDMA port {entry['device']}:{entry['port']} ({interface})"
+    if not any(gid.get("type") == "RoCE v2" for gid in gids):
+        seen = ", ".join(sorted({str(gid.get("type")) for gid in gids})) or "none"
+        return (f"{where} has no RoCE v2 GID (GID types: {seen}), "
+                f"so NCCL cannot reach the other nodes over routed RoCE; enable RoCE v2 on the adapter "
+                f"(cma_roce_mode / mlxconfig) and give the interface its address again, or set fabric_transport: socket")
+    if not addresses:
         return ""
-    seen = ", ".join(sorted({str(gid.get("type")) for gid in gids})) or "none"
-    return (f"{host}: RDMA port {entry['device']}:{entry['port']} ({interface}) has no RoCE v2 GID (GID types: {seen}), "
-            f"so NCCL cannot reach the other nodes over routed RoCE; enable RoCE v2 on the adapter "
-            f"(cma_roce_mode / mlxconfig) and give the interface its address again, or set fabric_transport: socket")
+    chosen = nccl_roce_gid(gids)
+    if chosen and chosen.get("type") == "RoCE v2" and gid_ipv4(chosen.get("gid")) in addresses:
+        return ""
+    held = ", ".join(sorted({gid_ipv4(gid.get("gid")) for gid in gids if gid_ipv4(gid.get("gid"))})) or "none"
+    return (f"{where} has no RoCE v2 GID NCCL would take for its fabric address {', '.join(addresses)}: NCCL would use "
+            f"{_gid_said(chosen)} (the port's IPv4 GIDs: {held}); put the address on {interface} itself (or a VLAN or "
+            f"bond on it, not a bridge or macvlan over it) and first among its addresses, check the table with "
+            f"show_gids or rdma link, or set fabric_transport: socket")
 
 
 def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", override=None, transport: str = "auto",
@@ -196,6 +268,13 @@ def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", overri
         return []
     devices = (node_rdma or {}).get("devices") or {}
     netdevs = (node_rdma or {}).get("netdevs") or {}
+    addresses: dict = {}
+    for netdev, address in _interface_addresses(network_facts or {}):
+        addresses.setdefault(netdev, []).append(address)
+    try:
+        fabric_net = ipaddress.ip_network(subnet, strict=False) if subnet else None
+    except ValueError:
+        fabric_net = None  # fabric_interface names a bad subnet
     chosen = []
     if override:
         for item in override:
@@ -235,13 +314,6 @@ def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", overri
                     f"{entry['state']} ({device['ports'][number].get('phys_state')}); check the cable and the switch "
                     f"port, or set fabric_transport: socket to run the collectives over TCP")
             chosen.append(entry)
-        addresses: dict = {}
-        for netdev, address in _interface_addresses(network_facts or {}):
-            addresses.setdefault(netdev, []).append(address)
-        try:
-            fabric_net = ipaddress.ip_network(subnet, strict=False) if subnet else None
-        except ValueError:
-            fabric_net = None  # fabric_interface names a bad subnet
         chosen += _rails(devices, netdevs, chosen, addresses, fabric_net)
         chosen += _twins(devices, chosen)
     if transport == "rdma" and not chosen:
@@ -251,9 +323,19 @@ def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", overri
             f"(interfaces with one: {have or 'none'}); put the fabric on an HCA's interface, name the ports in "
             f"fabric_rdma_devices, or set fabric_transport: auto")
     for entry in chosen:
-        problem = _roce_v2_problem(host, entry, devices[entry["device"]], interface)
+        device = devices[entry["device"]]
+        on = _port_netdevs(entry["device"], str(entry["port"]), device, netdevs) if entry["role"] != "override" else []
+        held = [] if fabric_net is None else [
+            address for netdev in on for address in addresses.get(netdev, [])
+            if ipaddress.ip_address(address) in fabric_net]
+        problem = _roce_v2_problem(host, entry, device, next((name for name in on if addresses.get(name)), interface),
+                                   held if entry["role"] in ("interface", "rail") else ())
         if problem:
             raise AnsibleFilterError(problem)
+        if entry["link_layer"] == "Ethernet":
+            gid = nccl_roce_gid(device["ports"][str(entry["port"])].get("gids") or [])
+            entry["gid_index"] = gid.get("index") if gid else None
+            entry["gid"] = _gid_said(gid)
     return sorted(chosen, key=lambda item: (item["pci"] or "", item["device"], item["port"]))
 
 
@@ -347,4 +429,4 @@ class FilterModule:
     def filters(self):
         return {"fabric_interface": fabric_interface, "fabric_rdma": fabric_rdma, "fabric_env": fabric_env,
                 "cidr_problem": cidr_problem, "fabric_problem": fabric_problem, "fabric_duplicates": fabric_duplicates,
-                "fabric_mtu_problem": fabric_mtu_problem}
+                "fabric_mtu_problem": fabric_mtu_problem, "nccl_roce_gid": nccl_roce_gid}

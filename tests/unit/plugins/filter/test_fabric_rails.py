@@ -22,9 +22,10 @@ sys.path.insert(0, str(REPO / "lab"))
 
 from ansible_collections.gpulab.vllm.plugins.filter.collective import (  # noqa: E402
     collective_expectations, collective_floor, collective_problems)
-from ansible_collections.gpulab.vllm.plugins.filter.fabric import fabric_env, fabric_interface, fabric_rdma  # noqa: E402
+from ansible_collections.gpulab.vllm.plugins.filter.fabric import (  # noqa: E402
+    fabric_env, fabric_interface, fabric_rdma, nccl_roce_gid)
 from ansible_collections.gpulab.vllm.plugins.module_utils._node import parse_ip_address_json, read_rdma  # noqa: E402
-from gpulab_lab.sysfs import materialize  # noqa: E402
+from gpulab_lab.sysfs import materialize, with_addresses  # noqa: E402
 
 H100_SUBNET = "100.126.0.0/16"
 H100_COMPUTE = ["mlx5_0:1", "mlx5_3:1", "mlx5_4:1", "mlx5_5:1", "mlx5_6:1", "mlx5_9:1", "mlx5_10:1", "mlx5_11:1"]
@@ -37,13 +38,16 @@ def fixture(name: str) -> dict:
 
 def node_read(tmp_path, doc: dict, addresses: dict | None = None) -> dict:
     """What the node read gives the fabric role for a host: 'network' from `ip -j address` (the fixture's addresses,
-    every interface up) through the node read's parser, 'rdma' from the sysfs tree through read_rdma."""
+    or the test's, every interface up) through the node read's parser, 'rdma' from the sysfs tree through read_rdma,
+    the tree's IPv4 GIDs those of these addresses (gpulab_lab.sysfs.with_addresses, as the kernel lists them)."""
+    addresses = addresses if addresses is not None else doc["ip_addresses"]
     links = [{"ifname": name, "operstate": "UP", "flags": ["UP", "LOWER_UP"], "mtu": 2044,
               "addr_info": [{"family": "inet", "local": cidr.split("/")[0], "prefixlen": int(cidr.split("/")[1])}
                             for cidr in cidrs]}
-             for name, cidrs in sorted((addresses if addresses is not None else doc["ip_addresses"]).items())]
+             for name, cidrs in sorted(addresses.items())]
+    tree = with_addresses(doc["tree"], {name: [cidr.split("/")[0] for cidr in cidrs] for name, cidrs in addresses.items()})
     root = tmp_path / f"sys{len(list(tmp_path.iterdir()))}"
-    return {"network": parse_ip_address_json(json.dumps(links)), "rdma": read_rdma(str(materialize(doc["tree"], root)))}
+    return {"network": parse_ip_address_json(json.dumps(links)), "rdma": read_rdma(str(materialize(tree, root)))}
 
 
 def fabric_role(host: str, read: dict, subnet: str, address=None, override=None) -> dict:
@@ -213,3 +217,49 @@ def test_over_sockets_the_floor_is_the_interfaces_speed():
     assert collective_floor(expect, 0.5, 0.25) == {"floor_gbps": 0.5, "floor": "collective_min_gbps",
                                                    "link_floor_gbps": 0.5, "link_floor": "collective_min_gbps"}
     assert collective_floor({}, None, 0.25)["floor"] == "no floor: no fabric rate known"
+
+
+@pytest.mark.parametrize("name", ["dgx_spark_one_cable", "dgx_spark_two_cables"])
+def test_the_spark_trees_gids_are_what_the_kernel_lists_for_their_addresses(name):
+    doc = fixture(name)
+    addresses = {netdev: [cidr.split("/")[0] for cidr in cidrs] for netdev, cidrs in doc["ip_addresses"].items()}
+    assert with_addresses(doc["tree"], addresses) == doc["tree"]
+    assert with_addresses(doc["tree"], {}) != doc["tree"]
+
+
+def test_nccl_takes_the_roce_v2_gid_of_the_fabric_address_and_a_link_local_one_on_the_twin(tmp_path):
+    found = fabric_role("spark2", node_read(tmp_path, fixture("dgx_spark_one_cable")), "192.168.177.0/24")
+    said = {item["device"]: (item["gid_index"], item["gid"]) for item in found["rdma_ports"]}
+    assert said["roceP2p1s0f1"] == (3, "GID 3 (192.168.177.12, RoCE v2)")
+    # The twin holds no address: NCCL stays on index 0, a link-local RoCE v1 GID, which leaves no L2 segment.
+    assert said["rocep1s0f1"] == (0, "GID 0 (link-local fe80:0000:0000:0000:fe4c:eaff:fef9:4231, IB/RoCE v1)")
+
+
+def test_nccl_gid_choice_follows_the_table():
+    link_local = [{"index": 0, "gid": "fe80::1", "type": "IB/RoCE v1"}, {"index": 1, "gid": "fe80::1", "type": "RoCE v2"}]
+    first = [{"index": 2, "gid": "::ffff:10.0.0.1", "type": "IB/RoCE v1"}, {"index": 3, "gid": "::ffff:10.0.0.1", "type": "RoCE v2"}]
+    second = [{"index": 4, "gid": "::ffff:10.0.0.2", "type": "IB/RoCE v1"}, {"index": 5, "gid": "::ffff:10.0.0.2", "type": "RoCE v2"}]
+    assert nccl_roce_gid(link_local)["index"] == 0
+    assert nccl_roce_gid(link_local + first)["index"] == 3
+    # Two addresses: the first one's RoCE v2 GID; the second is never taken.
+    assert nccl_roce_gid(link_local + first + second)["index"] == 3
+    # RoCE v1 only: an IPv4 GID of v1, and the rule above says why that cannot cross a router.
+    assert nccl_roce_gid([link_local[0], first[0]])["index"] == 2
+    assert nccl_roce_gid([]) is None
+
+
+def test_a_fabric_address_nccl_would_not_take_is_refused_before_anything_starts(tmp_path):
+    doc = fixture("dgx_spark_one_cable")
+    # The port's GID table as recorded (192.168.177.12) while the interface now holds another address: no GID for it.
+    read = node_read(tmp_path, doc)
+    read["network"] = node_read(tmp_path, doc, {"enP2p1s0f1np1": ["192.168.177.21/24"]})["network"]
+    with pytest.raises(AnsibleFilterError, match=r"spark2: RDMA port roceP2p1s0f1:1 \(enP2p1s0f1np1\) has no RoCE v2 GID "
+                                                 r"NCCL would take for its fabric address 192\.168\.177\.21: NCCL would "
+                                                 r"use GID 3 \(192\.168\.177\.12, RoCE v2\)"):
+        fabric_role("spark2", read, "192.168.177.0/24")
+    # The fabric address second on the interface: NCCL takes the first address's GID.
+    read = node_read(tmp_path, doc, {"enP2p1s0f1np1": ["10.9.9.9/24", "192.168.177.12/24"]})
+    with pytest.raises(AnsibleFilterError, match=r"NCCL would use GID 3 \(10\.9\.9\.9, RoCE v2\) \(the port's IPv4 GIDs: "
+                                                 r"10\.9\.9\.9, 192\.168\.177\.12\); put the address on enP2p1s0f1np1 "
+                                                 r"itself .* and first among its addresses"):
+        fabric_role("spark2", read, "192.168.177.0/24")
