@@ -145,6 +145,12 @@ CASES = [
     # A model folder the image must hold (the weights role not in use).
     ("model-path-missing", None, {"qwen35_model": "/models/no-such-model", "weights_source": ""},
      ["missing on this node: /models/no-such-model", "put the model there"]),
+    # The least vLLM the preset asks for, raised past the lab's images (0.32.0 and the seed's 0.17.1): the image role
+    # refuses after its contract probe, before Ray starts. The preset's own 0.17 against real versions:
+    # tests/unit/plugins/filter/test_vllm_version.py.
+    ("image-vllm-older-than-minimum", None, {"qwen35_min_vllm_version": "0.33"},
+     ["node1: ", "has vLLM 0.", "older than 0.33, the least this deployment needs", "use an image whose vLLM is 0.33 or later",
+      "lower image_min_vllm_version (qwen35_min_vllm_version for deploy_qwen35)"]),
     ("model-not-the-weights-folder", None, {"qwen35_model": "/models/tiny-llama"},
      ["vllm_server_model is \"/models/tiny-llama\", but weights_source=controller puts the model in /srv/gpulab-lab/models/tiny-llama",
       "set vllm_server_model (qwen35_model for deploy_qwen35) to /srv/gpulab-lab/models/tiny-llama"]),
@@ -175,7 +181,7 @@ CASES = [
 # those of the cases beside it, which then name it too). The cases that reach the image stage run alone, after the
 # others: the image's probe starts a container for a moment, which a snapshot beside it would see.
 SIDE_BY_SIDE = 3
-ALONE = {"model-path-missing", "image-tag-missing"}
+ALONE = {"model-path-missing", "image-tag-missing", "image-vllm-older-than-minimum"}
 
 
 def _run_case(lab, folder: Path, case: tuple) -> dict:
