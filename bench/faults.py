@@ -191,6 +191,20 @@ def seed_stalled_load() -> Seeded:
                   undo=lambda: benchlib.docker(node("node1"), "unpause", "gpulab-vllm", check=False))
 
 
+def seed_memory_under_floor() -> Seeded:
+    """node2 read as a unified-memory node (node_unified_memory: the lab's nodes have no nvidia-smi to say so), its
+    server's share small enough for the preflight's budget on this machine, and the memory guard's floors half a GiB
+    under the machine's MemTotal (the lab's nodes share its kernel and its /proc/meminfo): once a rank of the model
+    runs, MemAvailable is under both, as a load that outgrows a GB10 leaves it. The preflight still passes (a floor
+    under MemTotal)."""
+    total_kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                     if line.startswith("MemTotal:"))
+    floor = round(total_kib / 1024 / 1024 - 0.5, 1)
+    return Seeded(extra={"vllm_server_memory_drop_gib": floor, "vllm_server_memory_stop_gib": floor,
+                         "qwen35_gpu_memory_utilization": 0.05},
+                  hostvars={"node2": {"node_unified_memory": "true"}})
+
+
 # --------------------------------------------------------------------------- the rows
 
 FAULTS = [
@@ -240,6 +254,14 @@ FAULTS = [
           [r"vLLM's start stalled at stage [^:]+: nothing new from the server for \d+ s \(stall_timeout\)"], (),
           "tests/integration/test_load_progress.py::test_a_frozen_start_is_named_within_the_stall_limit",
           seed_stalled_load, budget_s=20 + 60),
+    # A deploy from nothing to the load (about 45 s on the lab), then the guard's drop and stop and the server's exit.
+    Fault("memory-under-floor", "a load that outgrows a unified-memory node", "server",
+          [r"node2: the memory guard stopped the load at [\d.]+ GiB available \(MemAvailable\), under its floor of "
+           r"[\d.]+ GiB \(vllm_server_memory_stop_gib\)", r"lower vllm_server_gpu_memory_utilization"], (),
+          "tests/integration/test_faults.py::test_fault_is_named[memory-under-floor]", seed_memory_under_floor,
+          budget_s=120.0,
+          hand_not="by hand nothing watches a node's memory while the model loads: the kernel's OOM killer ends the "
+                   "load, or a reboot does"),
 ]
 BY_KEY = {fault.key: fault for fault in FAULTS}
 # Where each stage sits: a fault named at a stage before "server" was named before any model load.

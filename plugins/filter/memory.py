@@ -10,6 +10,7 @@ beside it. A node whose GPU has memory of its own is not this rule's business.
 
 from __future__ import annotations
 
+import json
 import math
 
 GIB = 1024 ** 3
@@ -84,6 +85,72 @@ def memory_problem(node: dict, host: str, utilization=None, head: bool = False,
             f"{fix}, or free memory on the node (stop other programs and containers there, log out of its desktop)")
 
 
+def memory_guard_nodes(hosts, reads, ray_containers, head: str, server_container: str = "gpulab-vllm") -> list:
+    """The nodes whose memory the guard watches while the model loads, and what it kills on each to end the load.
+
+    hosts, reads (each node's read, gpulab_node) and ray_containers (each node's Ray container) side by side: every
+    node whose read says unified memory, as {'host', 'containers'}; the head's server first on the head."""
+    out = []
+    for host, read, ray in zip(hosts or [], reads or [], ray_containers or []):
+        if not ((read or {}).get("memory") or {}).get("unified"):
+            continue
+        containers = ([server_container] if host == head else []) + ([ray] if ray else [])
+        out.append({"host": host, "containers": containers})
+    return out
+
+
+def _verdict(output):
+    """The guard's verdict from what its finish printed (a JSON line), or {} when there is none."""
+    if isinstance(output, dict):
+        return output
+    for line in reversed(str(output or "").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return {}
+    return {}
+
+
+def memory_guard_said(hosts, outputs) -> dict:
+    """What each node's memory guard saw while the model loaded (roles/vllm_server/files/gpulab_memory_guard.py).
+
+    hosts and outputs side by side (outputs: what `finish` printed on each). 'stopped': one line for each node where
+    the guard ended the load, naming memory, both figures and the fix; 'seen': one line for each node it watched."""
+    stopped, seen = [], []
+    for host, output in zip(hosts or [], outputs or []):
+        verdict = _verdict(output)
+        if not verdict or verdict.get("missing"):
+            continue
+        dropped = verdict.get("dropped") or {}
+        drop_said = ""
+        if dropped:
+            drop_said = ", the page cache dropped once at %s (%s after)" % (
+                _gib(dropped.get("before_bytes") or 0), _gib(dropped.get("after_bytes") or 0))
+            if dropped.get("error"):
+                drop_said = ", dropping the page cache failed (%s)" % dropped["error"]
+        stop = verdict.get("stopped") or {}
+        if stop:
+            stopped.append(
+                f"{host}: the memory guard stopped the load at {_gib(stop.get('available_bytes') or 0)} available "
+                f"(MemAvailable), under its floor of {_gib(verdict.get('stop_bytes') or 0)} (vllm_server_memory_stop_gib)"
+                f"{drop_said}, killing {', '.join(stop.get('containers') or []) or 'nothing it could find'}: the model's "
+                f"ranks would have taken more than the node has, and the kernel's OOM killer or a reboot was next; lower "
+                f"vllm_server_gpu_memory_utilization (qwen35_gpu_memory_utilization for deploy_qwen35) or "
+                f"--max-model-len, or free memory on the node")
+        elif not verdict.get("armed"):
+            seen.append(f"{host}: no rank of the model ran while the memory guard watched")
+        else:
+            lowest = verdict.get("lowest_bytes")
+            seen.append(f"{host}: memory held while the model loaded: at least "
+                        f"{_gib(lowest) if lowest is not None else 'an unknown amount'} available (floors: "
+                        f"{_gib(verdict.get('drop_bytes') or 0)} to drop the page cache, "
+                        f"{_gib(verdict.get('stop_bytes') or 0)} to stop){drop_said}")
+    return {"stopped": stopped, "seen": seen}
+
+
 class FilterModule:
     def filters(self):
-        return {"memory_budget": memory_budget, "memory_problem": memory_problem, "memory_deployed_here": deployed_here}
+        return {"memory_budget": memory_budget, "memory_problem": memory_problem, "memory_deployed_here": deployed_here,
+                "memory_guard_said": memory_guard_said, "memory_guard_nodes": memory_guard_nodes}

@@ -287,6 +287,18 @@ def vllm_problems(settings: dict, host: str, head: bool, read: dict | None = Non
             and _int(port) in (read.get("listening_tcp_ports") or [])):
         problems.append(f"port {port} on {host} is already in use by another program, and the vLLM server needs it; stop that "
                         "program or set vllm_server_port to a free port")
+    # The memory guard's floors (roles/vllm_server/files/gpulab_memory_guard.py), where they are given.
+    if "vllm_server_memory_stop_gib" in (settings or {}):
+        drop, stop = get("vllm_server_memory_drop_gib"), get("vllm_server_memory_stop_gib")
+        total = ((read or {}).get("memory") or {}).get("total")
+        if not (_float(stop, -1.0) > 0 and _float(drop, -1.0) >= _float(stop, -1.0)):
+            problems.append(f"vllm_server_memory_drop_gib={_json(drop)} and vllm_server_memory_stop_gib={_json(stop)} on {host}: "
+                            "give the memory guard's floors in GiB, the stop floor above 0 and at most the drop floor "
+                            "(8 and 3 by default)")
+        elif total and _float(stop) * 1024 ** 3 >= float(total):
+            problems.append(f"vllm_server_memory_stop_gib={_json(stop)} on {host} is at or above the node's whole memory "
+                            f"({float(total) / 1024 ** 3:.1f} GiB): the memory guard would stop every load; give a floor "
+                            "of a few GiB (3 by default)")
     # On unified memory (GB10) the server's share is the host's memory (plugins/filter/memory.py).
     memory = memory_problem(read or {}, host, get("vllm_server_gpu_memory_utilization"), head, memory_setting)
     if memory:

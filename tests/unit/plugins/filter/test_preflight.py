@@ -405,3 +405,15 @@ def test_weights_hub_unpinned():
 def test_weights_settings_out_of_range():
     line = one_line(weights(lab_vars(weights_port=80)), ["weights_port=80 must be in 1024..65534"])
     assert re.match("^weights settings on node1: ", line)
+
+
+def test_the_memory_guards_floors():
+    meminfo = (Path(__file__).resolve().parents[2] / "fixtures" / "memory" / "debian12_vm_no_gpu_meminfo.txt").read_text()
+    read = {**recorded_read("node1_nothing_deployed"), "memory": node_memory(meminfo, None, "true")}
+    assert vllm(lab_vars(vllm_server_memory_drop_gib=8, vllm_server_memory_stop_gib=3), read=recorded_read("node1_nothing_deployed")) == []
+    # With the node's memory read, the floors are judged first (the server's share after them).
+    one_line(vllm(lab_vars(vllm_server_memory_drop_gib=2, vllm_server_memory_stop_gib=3)),
+             ["vllm_server_memory_drop_gib=2 and vllm_server_memory_stop_gib=3 on node1", "at most the drop floor"])
+    one_line(vllm(lab_vars(vllm_server_memory_stop_gib="three")), ["vllm_server_memory_stop_gib=\"three\""])
+    one_line(vllm(lab_vars(vllm_server_memory_drop_gib=30, vllm_server_memory_stop_gib=24), read=read),
+             ["vllm_server_memory_stop_gib=24 on node1 is at or above the node's whole memory (23.5 GiB)"])
