@@ -260,7 +260,8 @@ def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", overri
     over two PCIe x4 links), 'rail' (another ACTIVE port of the interface port's link layer and rate, as the eight
     compute HCAs of a DGX H100; see _rails for the ports left out) or 'override'. Only ACTIVE ports; empty when the
     interface has no RDMA device (sockets). network_facts and subnet (the node's addresses and the fabric subnet)
-    tell a rail from a port that serves another network.
+    tell a rail from a port that serves another network. A RoCE port also says the GID NCCL takes on it
+    ('gid_index', 'gid'; nccl_roce_gid), and the interface's and each rail's must be a RoCE v2 GID for its address.
     """
     if transport not in ("auto", "rdma", "socket"):
         raise AnsibleFilterError(f"{host}: fabric_transport is {transport!r}; use auto, rdma or socket")
