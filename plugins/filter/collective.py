@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.gpulab.vllm.plugins.filter.fabric import port_gbps
+from ansible_collections.gpulab.vllm.plugins.module_utils._node import facts_key
+
 # NCCL's own TCP plugin; every other network plugin NCCL names (IB, or an external one such as IBext_v8) runs RDMA.
 SOCKET = "Socket"
 
@@ -134,14 +137,6 @@ def _floor_problem(info: dict, expect: dict) -> str:
     return ""
 
 
-def _gbps(rate) -> float:
-    """'400 Gb/sec (4X NDR)' (an HCA port's rate as sysfs gives it) -> 400.0; 0.0 when there is none."""
-    try:
-        return float(str(rate or "").split(" ", 1)[0])
-    except ValueError:
-        return 0.0
-
-
 def collective_expectations(hosts, fabrics, networks=None) -> dict:
     """What the collective must show on each node, by fabric address, from what the fabric role published.
 
@@ -157,13 +152,13 @@ def collective_expectations(hosts, fabrics, networks=None) -> dict:
         fabric = fabric or {}
         ports = list(fabric.get("rdma_ports") or [])
         if fabric.get("transport") == "rdma":
-            rates = [_gbps(port.get("rate")) for port in ports if port.get("role") != "twin"]
+            rates = [port_gbps(port.get("rate")) for port in ports if port.get("role") != "twin"]
             rates = [rate for rate in rates if rate > 0]
             aggregate, slowest = sum(rates), (min(rates) if rates else 0.0)
         else:
             network = (networks[index] if index < len(networks) else None) or {}
             iface = str(fabric.get("interface") or "")
-            info = network.get(iface.replace("-", "_").replace(".", "_").replace(":", "_")) or network.get(iface) or {}
+            info = network.get(facts_key(iface)) or network.get(iface) or {}
             aggregate = slowest = float(info.get("speed") or 0) / 1000
             rates = [aggregate] if aggregate > 0 else []
         out[fabric.get("ip")] = {
