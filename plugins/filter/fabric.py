@@ -8,12 +8,14 @@ import ipaddress
 
 from ansible.errors import AnsibleFilterError
 
+from ansible_collections.gpulab.vllm.plugins.module_utils._node import facts_key
+
 
 def _interface_addresses(facts: dict) -> list[tuple[str, str]]:
     """Every (interface, IPv4 address) pair in gathered facts, primaries first."""
     pairs = []
     for name in facts.get("interfaces", []):
-        info = facts.get(name.replace("-", "_").replace(".", "_").replace(":", "_"), {}) or facts.get(name, {})
+        info = facts.get(facts_key(name), {}) or facts.get(name, {})
         if not isinstance(info, dict):
             continue
         entries = [info.get("ipv4")] + list(info.get("ipv4_secondaries") or [])
@@ -61,7 +63,7 @@ def fabric_interface(facts: dict, subnet: str, host: str = "this host", expected
             f"to the one Ray, Gloo and NCCL's bootstrap are to use (NCCL takes every rail on its own), or narrow the subnet"
         )
     iface, addr = inside[0]
-    info = facts.get(iface.replace("-", "_").replace(".", "_").replace(":", "_"), {}) or facts.get(iface, {}) or {}
+    info = facts.get(facts_key(iface), {}) or facts.get(iface, {}) or {}
     if info.get("active") is False:
         raise AnsibleFilterError(
             f"{host}: the fabric interface {iface} ({addr}) is down; bring it up (ip link set {iface} up) "
@@ -100,7 +102,7 @@ def _entry(name: str, number: str, device: dict, role: str) -> dict:
             "rate": port.get("rate"), "state": port.get("state"), "role": role}
 
 
-def _gbps(rate) -> float:
+def port_gbps(rate) -> float:
     """'400 Gb/sec (4X NDR)' -> 400.0: a port's rate in Gbit/s as sysfs gives it; 0.0 when it gives none."""
     head = str(rate or "").split(" ", 1)[0]
     try:
@@ -133,7 +135,7 @@ def _rails(devices: dict, netdevs: dict, chosen: list, addresses: dict, network)
             continue
         for number, port in sorted((device.get("ports") or {}).items()):
             if (port.get("state") != "ACTIVE" or port.get("link_layer") != base["link_layer"]
-                    or _gbps(port.get("rate")) != _gbps(base["rate"])):
+                    or port_gbps(port.get("rate")) != port_gbps(base["rate"])):
                 continue
             held = [address for netdev in _port_netdevs(name, number, device, netdevs)
                     for address in addresses.get(netdev, [])]
@@ -340,6 +342,17 @@ def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", overri
     return sorted(chosen, key=lambda item: (item["pci"] or "", item["device"], item["port"]))
 
 
+def nccl_gids_said(ports, host: str = "this host") -> str:
+    """One line saying which GID NCCL takes on each RoCE port (fabric_rdma's 'gid'), where a twin holds no address;
+    '' elsewhere."""
+    roce = [port for port in ports or [] if port.get("link_layer") == "Ethernet"]
+    if not any(port.get("role") == "twin" for port in roce):
+        return ""
+    said = "; ".join("%s (%s) %s" % (port["device"], port["role"], port.get("gid") or "no GID read") for port in roce)
+    return (f"{host}: NCCL takes {said}; a link-local GID reaches the other nodes only within one L2 segment (a direct "
+            f"cable, one VLAN), never through a router")
+
+
 def fabric_env(fabric: dict, head_address: str, rdma_ports=None, extra=None) -> dict:
     """Environment that pins Ray, vLLM and the collective libraries to the fabric.
 
@@ -430,4 +443,5 @@ class FilterModule:
     def filters(self):
         return {"fabric_interface": fabric_interface, "fabric_rdma": fabric_rdma, "fabric_env": fabric_env,
                 "cidr_problem": cidr_problem, "fabric_problem": fabric_problem, "fabric_duplicates": fabric_duplicates,
-                "fabric_mtu_problem": fabric_mtu_problem, "nccl_roce_gid": nccl_roce_gid}
+                "fabric_mtu_problem": fabric_mtu_problem, "nccl_roce_gid": nccl_roce_gid,
+                "nccl_gids_said": nccl_gids_said}

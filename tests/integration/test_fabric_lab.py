@@ -98,8 +98,8 @@ def test_each_spark_gets_the_ports_behind_its_fabric_interface(sparks):
     # Each node's presented GID table holds its own fabric address, as its kernel would list it: NCCL takes that
     # address's RoCE v2 GID on the interface's port, and a link-local one on the twin, which holds no address.
     said = " ".join(run.stdout.split())
-    assert ("node2: NCCL takes rocep1s0f1 twin GID 0 (link-local fe80:0000:0000:0000:fe4c:eaff:fef9:4231, IB/RoCE v1); "
-            "roceP2p1s0f1 interface GID 3 (10.220.0.12, RoCE v2)") in said, said[-3000:]
+    assert ("node2: NCCL takes rocep1s0f1 (twin) GID 0 (link-local fe80:0000:0000:0000:fe4c:eaff:fef9:4231, IB/RoCE v1); "
+            "roceP2p1s0f1 (interface) GID 3 (10.220.0.12, RoCE v2)") in said, said[-3000:]
     from labkit import node_docker  # noqa: PLC0415
 
     devices = node_docker("node2", "inspect", "-f", "{{json .HostConfig.Devices}}", "gpulab-ray-worker").stdout

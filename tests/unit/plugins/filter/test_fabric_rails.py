@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "lab"))
 from ansible_collections.gpulab.vllm.plugins.filter.collective import (  # noqa: E402
     collective_expectations, collective_floor, collective_problems)
 from ansible_collections.gpulab.vllm.plugins.filter.fabric import (  # noqa: E402
-    fabric_env, fabric_interface, fabric_rdma, nccl_roce_gid)
+    fabric_env, fabric_interface, fabric_rdma, nccl_gids_said, nccl_roce_gid)
 from ansible_collections.gpulab.vllm.plugins.module_utils._node import parse_ip_address_json, read_rdma  # noqa: E402
 from gpulab_lab.sysfs import materialize, with_addresses  # noqa: E402
 
@@ -159,7 +159,7 @@ def storage_port_up(doc: dict) -> dict:
 
 def test_a_storage_port_that_serves_another_network_is_no_rail(tmp_path):
     doc = storage_port_up(fixture("h100_storage_hca"))
-    addresses = dict(doc["ip_addresses"], ibp170s0f0=["10.50.0.10/24"])
+    addresses = dict(doc["ip_addresses"], ibp170s0f0=["198.51.100.10/24"])
     gpu01 = fabric_role("gpu01", node_read(tmp_path, doc, addresses), H100_SUBNET)
     assert names(gpu01["rdma_ports"]) == H100_COMPUTE
     # Without an address anywhere it cannot be told from a rail, and is taken: fabric_rdma_devices names the rails.
@@ -233,12 +233,18 @@ def test_nccl_takes_the_roce_v2_gid_of_the_fabric_address_and_a_link_local_one_o
     assert said["roceP2p1s0f1"] == (3, "GID 3 (192.168.177.12, RoCE v2)")
     # The twin holds no address: NCCL stays on index 0, a link-local RoCE v1 GID, which leaves no L2 segment.
     assert said["rocep1s0f1"] == (0, "GID 0 (link-local fe80:0000:0000:0000:fe4c:eaff:fef9:4231, IB/RoCE v1)")
+    assert nccl_gids_said(found["rdma_ports"], "spark2") == (
+        "spark2: NCCL takes rocep1s0f1 (twin) GID 0 (link-local fe80:0000:0000:0000:fe4c:eaff:fef9:4231, IB/RoCE v1); "
+        "roceP2p1s0f1 (interface) GID 3 (192.168.177.12, RoCE v2); a link-local GID reaches the other nodes only within "
+        "one L2 segment (a direct cable, one VLAN), never through a router")
+    # Without a twin (an H100's InfiniBand rails), nothing to say.
+    assert nccl_gids_said([dict(item, role="rail") for item in found["rdma_ports"]], "spark2") == ""
 
 
 def test_nccl_gid_choice_follows_the_table():
     link_local = [{"index": 0, "gid": "fe80::1", "type": "IB/RoCE v1"}, {"index": 1, "gid": "fe80::1", "type": "RoCE v2"}]
-    first = [{"index": 2, "gid": "::ffff:10.0.0.1", "type": "IB/RoCE v1"}, {"index": 3, "gid": "::ffff:10.0.0.1", "type": "RoCE v2"}]
-    second = [{"index": 4, "gid": "::ffff:10.0.0.2", "type": "IB/RoCE v1"}, {"index": 5, "gid": "::ffff:10.0.0.2", "type": "RoCE v2"}]
+    first = [{"index": 2, "gid": "::ffff:192.0.2.1", "type": "IB/RoCE v1"}, {"index": 3, "gid": "::ffff:192.0.2.1", "type": "RoCE v2"}]
+    second = [{"index": 4, "gid": "::ffff:192.0.2.2", "type": "IB/RoCE v1"}, {"index": 5, "gid": "::ffff:192.0.2.2", "type": "RoCE v2"}]
     assert nccl_roce_gid(link_local)["index"] == 0
     assert nccl_roce_gid(link_local + first)["index"] == 3
     # Two addresses: the first one's RoCE v2 GID; the second is never taken.
@@ -258,8 +264,8 @@ def test_a_fabric_address_nccl_would_not_take_is_refused_before_anything_starts(
                                                  r"use GID 3 \(192\.168\.177\.12, RoCE v2\)"):
         fabric_role("spark2", read, "192.168.177.0/24")
     # The fabric address second on the interface: NCCL takes the first address's GID.
-    read = node_read(tmp_path, doc, {"enP2p1s0f1np1": ["10.9.9.9/24", "192.168.177.12/24"]})
-    with pytest.raises(AnsibleFilterError, match=r"NCCL would use GID 3 \(10\.9\.9\.9, RoCE v2\) \(the port's IPv4 GIDs: "
-                                                 r"10\.9\.9\.9, 192\.168\.177\.12\); put the address on enP2p1s0f1np1 "
+    read = node_read(tmp_path, doc, {"enP2p1s0f1np1": ["198.51.100.9/24", "192.168.177.12/24"]})
+    with pytest.raises(AnsibleFilterError, match=r"NCCL would use GID 3 \(198\.51\.100\.9, RoCE v2\) \(the port's IPv4 GIDs: "
+                                                 r"192\.168\.177\.12, 198\.51\.100\.9\); put the address on enP2p1s0f1np1 "
                                                  r"itself .* and first among its addresses"):
         fabric_role("spark2", read, "192.168.177.0/24")
