@@ -6,14 +6,14 @@
 devices NCCL took, each rank's NCCL build, each link's rate, the floor) and, by fabric address, what each node must
 show (``{ip: {host, network, ports, interface}}``: ``network`` 'IB' for RDMA, 'Socket' for TCP; ``ports`` the fabric
 role's RDMA ports). It returns one line per problem; an empty list passes.
+
+``collective_problems`` stands on the standard library alone: the supervisor (gpulab.vllm.supervisor) judges the
+collective it runs before it starts a server again with this file's own rule, in a Python without Ansible.
 """
 
 from __future__ import annotations
 
 import re
-
-from ansible_collections.gpulab.vllm.plugins.filter.fabric import port_gbps
-from ansible_collections.gpulab.vllm.plugins.module_utils._node import facts_key
 
 # NCCL's own TCP plugin; every other network plugin NCCL names (IB, or an external one such as IBext_v8) runs RDMA.
 SOCKET = "Socket"
@@ -146,6 +146,10 @@ def collective_expectations(hosts, fabrics, networks=None) -> dict:
     most: over RDMA the sum of its physical ports, the interface's and each rail's, a twin being a second path to a
     port already counted; over TCP the interface's speed), 'port_gbps' (its slowest physical port; the interface's
     speed over TCP) and 'rails' (how many physical ports are summed)."""
+    # Here, not at the top: the verdict (collective_problems) must load where the collection is not installed.
+    from ansible_collections.gpulab.vllm.plugins.filter.fabric import port_gbps  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpulab.vllm.plugins.module_utils._node import facts_key  # pylint: disable=import-outside-toplevel
+
     out = {}
     networks = list(networks or [])
     for index, (host, fabric) in enumerate(zip(hosts, fabrics)):

@@ -263,7 +263,7 @@ def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", overri
     compute HCAs of a DGX H100; see _rails for the ports left out) or 'override'. Only ACTIVE ports; empty when the
     interface has no RDMA device (sockets). network_facts and subnet (the node's addresses and the fabric subnet)
     tell a rail from a port that serves another network. A RoCE port also says the GID NCCL takes on it
-    ('gid_index', 'gid'; nccl_roce_gid), and the interface's and each rail's must be a RoCE v2 GID for its address.
+    ('gid_index', 'gid' said in words, 'gid_value', 'gid_type'; nccl_roce_gid), and the interface's and each rail's must be a RoCE v2 GID for its address.
     """
     if transport not in ("auto", "rdma", "socket"):
         raise AnsibleFilterError(f"{host}: fabric_transport is {transport!r}; use auto, rdma or socket")
@@ -339,6 +339,9 @@ def fabric_rdma(node_rdma: dict, interface: str, host: str = "this host", overri
             gid = nccl_roce_gid(device["ports"][str(entry["port"])].get("gids") or [])
             entry["gid_index"] = gid.get("index") if gid else None
             entry["gid"] = _gid_said(gid)
+            # The GID itself, which the supervisor compares with the port's table while it serves.
+            entry["gid_value"] = gid.get("gid") if gid else None
+            entry["gid_type"] = gid.get("type") if gid else None
     return sorted(chosen, key=lambda item: (item["pci"] or "", item["device"], item["port"]))
 
 

@@ -9,6 +9,9 @@ A container that stopped says why (OOM, a signal, an exit code, the last error l
 
 from __future__ import annotations
 
+import base64
+import json
+
 from ansible_collections.gpulab.vllm.plugins.filter.firewall import firewall_drift
 from ansible_collections.gpulab.vllm.plugins.module_utils._node import cause_line, stop_reason
 
@@ -151,9 +154,42 @@ def cluster_status(reads: dict, head: str, ray: dict | None, vllm: dict | None, 
             "nodes": nodes, "ray": ray_view, "vllm": vllm_view}
 
 
+def _supervisor(state: dict) -> dict:
+    return {"phase": state.get("phase"), "detail": state.get("phase_detail") or "", "since": state.get("phase_since"),
+            "restarts": state.get("restarts") or {}, "last_event": state.get("last_event"),
+            "watchdog": state.get("watchdog"), "fabric": state.get("fabric"), "collective": state.get("collective")}
+
+
+def with_supervisors(status: dict, reads: dict) -> dict:
+    """The status with each node's supervisor (its state.json, read by slurp: {host: result}) as 'supervisors'.
+
+    A node whose supervisor found its fabric changed under the deployment (link, MTU, an RDMA port, the GID NCCL
+    takes) is a problem named first, with the change and since when: the status is not ok while it lasts, even in
+    the moments before the supervisor has stopped that node's part of the gang."""
+    supervisors = {}
+    for host, read in (reads or {}).items():
+        content = (read or {}).get("content")
+        if not content:
+            continue
+        try:
+            supervisors[host] = _supervisor(json.loads(base64.b64decode(content)))
+        except (ValueError, TypeError):
+            supervisors[host] = {"phase": "unreadable", "detail": "its state.json is not JSON", "restarts": {}}
+    out = dict(status, supervisors=supervisors)
+    changed = ["%s: its fabric changed under the deployment (since %s): %s"
+               % (host, (sup.get("fabric") or {}).get("since"), "; ".join(sup["fabric"].get("changes") or []))
+               for host, sup in supervisors.items() if sup.get("fabric") and not sup["fabric"].get("ok", True)]
+    if changed:
+        verdict = "degraded" if status.get("verdict") in ("serving", "ray ready") else status.get("verdict")
+        problems = changed + list(status.get("problems") or [])
+        out.update(ok=False, verdict=verdict, problems=problems, summary="%s: %s" % (verdict, "; ".join(problems)))
+    return out
+
+
 class FilterModule:
     def filters(self):
-        return {"cluster_status": cluster_status, "first_failure": first_failure, "redact": redact, "cause_line": cause_line}
+        return {"cluster_status": cluster_status, "first_failure": first_failure, "redact": redact, "cause_line": cause_line,
+                "with_supervisors": with_supervisors}
 
 
 # The deploy's stages in order, and what in a status says each one failed.

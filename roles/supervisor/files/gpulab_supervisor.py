@@ -14,6 +14,14 @@ socket. The containers it watches run with no restart policy of their own, so th
   whose cluster lost a node it was started with (a worker restarted alone) is stopped and started again through
   the gate, never left with a broken engine.
 
+It watches the node's fabric while it serves: every interval it reads the fabric interface's link and MTU and, on
+RDMA, each of the fabric's ports (its state, and the GID the deploy found for NCCL), and compares them with what the
+deploy proved. A change is logged and kept in ``state.json``; while it lasts, the node's part of the gang stays down
+(a worker stops its Ray, the head its server: a server stopped rather than a collective hung on a broken link), and
+once the fabric is as deployed again the gang comes back the usual way. Before the head starts a server again it
+runs the deploy's collective check (one all-reduce across every GPU, each node's link to the head) and judges it
+with the collection's own rule, so the server starts only on a fabric that carried a collective again.
+
 Before it starts anything it makes sure the host firewall the deploy wrote (the chain GPULAB-INPUT and its jump
 first in INPUT) is in place, and writes it again when a reboot or a firewall reload cleared it, with the host's own
 iptables; nothing starts while that fails.
@@ -274,6 +282,129 @@ def hold_active(text, now):
         return False
 
 
+# --- the fabric, as the deploy proved it and as it is now ---------------------------------------------------------
+
+def _read(path):
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except (OSError, IOError, UnicodeDecodeError):
+        return None
+
+
+def _port_name(port):
+    return "%s:%s" % (port.get("device"), port.get("port"))
+
+
+def read_fabric(sysfs, watch):
+    """What the fabric looks like now, read from sysfs as the node read reads it: the interface's operstate, carrier
+    and MTU, and for each watched RDMA port its state and the GID at the index the deploy found (with its type).
+    watch: {'interface', 'mtu', 'ports': the fabric role's rdma_ports (with 'gid_index', 'gid_value' and 'gid_type' on RoCE)}."""
+    net = os.path.join(sysfs, "class", "net", watch["interface"])
+    mtu = _read(os.path.join(net, "mtu"))
+    now = {"present": os.path.isdir(net), "operstate": _read(os.path.join(net, "operstate")),
+           # Reading carrier fails (EINVAL) while the interface is administratively down: None then.
+           "carrier": _read(os.path.join(net, "carrier")),
+           "mtu": int(mtu) if mtu and mtu.isdigit() else None, "ports": {}}
+    for port in watch.get("ports") or []:
+        folder = os.path.join(sysfs, "class", "infiniband", str(port.get("device")), "ports", str(port.get("port")))
+        if not os.path.isdir(folder):
+            now["ports"][_port_name(port)] = None
+            continue
+        state = _read(os.path.join(folder, "state"))
+        entry = {"state": state.split(":", 1)[-1].strip() if state else None}
+        if port.get("gid_index") is not None:
+            index = str(port["gid_index"])
+            entry["gid"] = _read(os.path.join(folder, "gids", index))
+            entry["gid_type"] = _read(os.path.join(folder, "gid_attrs", "types", index))
+        now["ports"][_port_name(port)] = entry
+    return now
+
+
+def link_up(now):
+    """Whether an interface carries traffic: operationally up, or 'unknown' (drivers that do not report it) with a
+    carrier."""
+    return now.get("operstate") == "up" or (now.get("operstate") == "unknown" and now.get("carrier") == "1")
+
+
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def fabric_changes(watch, now):
+    """How the fabric differs from what the deploy proved, one phrase per difference; empty when it is as deployed."""
+    iface = watch["interface"]
+    if not now.get("present"):
+        return ["%s is gone (no such interface)" % iface]
+    phrases = []
+    if not link_up(now):
+        phrases.append("%s link down (operstate %s%s)" % (iface, now.get("operstate"),
+                                                          ", no carrier" if now.get("carrier") != "1" else ""))
+    if watch.get("mtu") and now.get("mtu") != int(watch["mtu"]):
+        phrases.append("%s MTU %s (deployed with %s)" % (iface, now.get("mtu"), watch["mtu"]))
+    for port in watch.get("ports") or []:
+        name = _port_name(port)
+        found = now["ports"].get(name)
+        if found is None:
+            phrases.append("%s is gone (no such RDMA port)" % name)
+            continue
+        if found.get("state") != "ACTIVE":
+            phrases.append("%s %s (deployed ACTIVE)" % (name, found.get("state") or "state unreadable"))
+        if port.get("gid_index") is None:
+            continue
+        gid, deployed = found.get("gid"), port.get("gid_value")
+        if not gid or gid == ZERO_GID:
+            phrases.append("%s has no GID %s any more (deployed %s, the GID NCCL takes)" % (name, port["gid_index"], deployed))
+        elif deployed and gid != deployed:
+            phrases.append("%s GID %s is now %s (deployed %s, the GID NCCL takes)" % (name, port["gid_index"], gid, deployed))
+        elif port.get("gid_type") and found.get("gid_type") != port["gid_type"]:
+            phrases.append("%s GID %s is %s now (deployed %s)" % (name, port["gid_index"], found.get("gid_type"), port["gid_type"]))
+    return phrases
+
+
+# --- the collective, before a server starts again ------------------------------------------------------------------
+
+# The collection's own verdict on a collective (collective.py, the collective role's filter, beside this program):
+# its collective_problems() judges what the check found against what the fabric promised. load_collective() fills it.
+COLLECTIVE = types.ModuleType("collective_rule")
+
+
+def load_collective(source):
+    exec(compile(source, "collective_rule.py", "exec"), COLLECTIVE.__dict__)  # pylint: disable=exec-used
+
+
+def last_json(text):
+    """The check's one JSON line (Ray may print after it); None when there is none."""
+    for line in reversed((text or "").splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return None
+
+
+def judge_collective(found, check):
+    """(ok, line) for one run of the collective check: its report judged by the collection's rule against the
+    expectations and floors the deploy settled (check: {'expect', 'floors', 'run'}); the line says what it showed or
+    why it failed."""
+    if found is None:
+        return False, "the check did not report"
+    if found.get("error"):
+        late = found.get("late_nodes") or []
+        return False, "%s%s" % (found["error"], " (late: %s)" % ", ".join(late) if late else "")
+    info = dict({"nodes": [], "backend": None, "busbw_gbps": None}, **found)
+    info.update(check.get("floors") or {})
+    problems = COLLECTIVE.collective_problems(info, check.get("expect") or {})
+    if problems:
+        return False, "; ".join(problems)
+    links = ", ".join("%s %s Gbit/s" % (node.get("ip"), node["link_gbps"]) for node in info["nodes"]
+                      if node.get("link_gbps") is not None)
+    return True, "%s all-reduce over %s ranks: %s Gbit/s (floor %s)%s" % (
+        info.get("backend"), (check.get("run") or {}).get("world"), info.get("busbw_gbps"), info.get("floor_gbps"),
+        "; links to the head: " + links if links else "")
+
+
 # --- the host firewall, before any container ------------------------------------------------------------------------
 def firewall_due(checked_at, now, interval):
     """Whether the firewall's own check is due: never checked, or `interval` seconds since the last (0: never)."""
@@ -413,6 +544,14 @@ class Supervisor(object):
         with open(os.path.join(folder, "gcs_reader.py")) as handle:
             self.reader = handle.read()
         load_reader(self.reader)
+        # The fabric's differences from what the deploy proved, as last read (empty: as deployed).
+        self.fabric_changed = []
+        self.collective_script = None
+        if config.get("collective"):
+            with open(os.path.join(folder, "allreduce_check.py")) as handle:
+                self.collective_script = handle.read()
+            with open(os.path.join(folder, "collective_rule.py")) as handle:
+                load_collective(handle.read())
 
     def _load_state(self):
         try:
@@ -544,6 +683,56 @@ class Supervisor(object):
         self.proven = False
         self.last_probe = time.time()
 
+    def watch_fabric(self):
+        """Read the fabric and compare it with what the deploy proved; log and keep each change and the return to
+        what was deployed. Returns the differences (empty when as deployed or not watched)."""
+        watch = self.config.get("fabric")
+        if not watch:
+            return []
+        now = read_fabric(watch.get("sysfs") or "/sys", watch)
+        changes = fabric_changes(watch, now)
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        kept = self.state.get("fabric") or {}
+        self.state["fabric"] = {"ok": not changes, "changes": changes, "interface": watch["interface"],
+                                "mtu": now.get("mtu"), "deployed_mtu": watch.get("mtu"), "read_at": at,
+                                "since": kept.get("since") if kept.get("changes") == changes and kept.get("since") else at}
+        if changes != self.fabric_changed:
+            if changes:
+                self.record("fabric", watch["interface"], "changed under the deployment: " + "; ".join(changes))
+            else:
+                self.record("fabric", watch["interface"], "as deployed again (was: %s)" % "; ".join(self.fabric_changed))
+            self.fabric_changed = changes
+        return changes
+
+    def stand_down(self, name, changes, what):
+        """While the fabric differs from what the deploy proved, this node's part of the gang stays down: `name` is
+        stopped if it runs (a server stopped rather than a collective hung on a broken link) and not started."""
+        found = container_state(self.docker.inspect(name))
+        if found is not None and found["running"]:
+            self.record("stop", name, "the fabric changed under it: " + "; ".join(changes))
+            self.docker.stop(name, grace=self.config.get("stop_grace", 30))
+        self.phase("waiting", "the fabric is not as deployed (%s); %s once it is" % ("; ".join(changes), what))
+
+    def prove_collective(self, head_container):
+        """The deploy's collective check, run in the head's Ray container and judged with the collection's rule:
+        (ok, line). Kept in state.json as 'collective'."""
+        check = self.config["collective"]
+        run = check.get("run") or {}
+        argv = ["python3", "-c", self.collective_script, "--world", str(run.get("world", 1)),
+                "--size-mb", str(run.get("size_mb", 64)), "--iterations", str(run.get("iterations", 5)),
+                "--timeout", str(run.get("timeout", 60))]
+        self.phase("proving", "the collective across every GPU before the server starts again")
+        started = time.time()
+        try:
+            out, _code = self.docker.exec_output(head_container, argv, timeout=int(run.get("timeout", 60)) + 120)
+            ok, line = judge_collective(last_json(out), check)
+        except (RuntimeError, ValueError, OSError, socket.error) as exc:
+            ok, line = False, "the check could not run: %s" % exc
+        self.state["collective"] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ok": ok, "said": line,
+                                    "seconds": round(time.time() - started, 1)}
+        self.save()
+        return ok, line
+
     def ensure_firewall(self):
         """The deploy's host firewall, restored if it is not in place (a reboot or a firewall reload clears it),
         before any container starts: True when it is in place or none is kept; False when it could not be restored."""
@@ -576,9 +765,16 @@ class Supervisor(object):
             self.say("%s%s" % (name, ": " + detail if detail else ""))
             self.save()
 
-    def step_head(self):
+    def step_head(self, changes=()):
         cfg = self.config
         names = {"head": cfg["ray_container"], "server": cfg.get("server_container")}
+        if changes:
+            self.started_with = None
+            if cfg.get("serve"):
+                self.stand_down(names["server"], changes, "the server starts again after the gate and the collective")
+            else:
+                self.phase("waiting", "the fabric is not as deployed (%s)" % "; ".join(changes))
+            return
         head = container_state(self.docker.inspect(names["head"]))
         server = container_state(self.docker.inspect(names["server"])) if cfg.get("serve") else None
         document = None
@@ -615,6 +811,15 @@ class Supervisor(object):
                 if not self.ensure_firewall() or not self.may_start(name):
                     self.started_with = None
                     return
+                if kind == "server" and self.collective_script:
+                    proved, said = self.prove_collective(names["head"])
+                    if not proved:
+                        # Tried again after the start's backoff: a fabric that just came back may need a moment.
+                        self.record("refuse", name, "the collective failed: " + said)
+                        self.phase("waiting", "the collective failed: " + said)
+                        self.started_with = None
+                        return
+                    reason = "%s; collective passed (%s)" % (reason, said)
                 self.record("start", name, reason)
                 self.docker.start(name)
                 self.phase("serving" if kind == "server" else "forming",
@@ -626,9 +831,12 @@ class Supervisor(object):
             if cfg.get("serve") and self.started_with is not None:
                 self.watch_generation(self.docker.inspect(names["server"]))
 
-    def step_worker(self):
+    def step_worker(self, changes=()):
         cfg = self.config
         name = cfg["ray_container"]
+        if changes:
+            self.stand_down(name, changes, "its Ray starts again")
+            return
         raw = self.docker.inspect(name)
         worker = container_state(raw)
         head_host, head_port = cfg["gcs_address"].rsplit(":", 1)
@@ -696,10 +904,11 @@ class Supervisor(object):
                 if firewall_due(self.firewall_checked, time.time(), self.config.get("firewall_interval", 30)):
                     self.firewall_checked = time.time()
                     self.ensure_firewall()
+                changes = self.watch_fabric()
                 if self.config["role"] == "head":
-                    self.step_head()
+                    self.step_head(changes)
                 else:
-                    self.step_worker()
+                    self.step_worker(changes)
             except Exception as exc:  # pylint: disable=broad-except
                 self.say("step failed: %s" % exc, key="step")
             finally:

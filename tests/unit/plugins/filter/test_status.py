@@ -4,11 +4,16 @@ container stopped."""
 
 from __future__ import annotations
 
+import base64
+import json
+
+import jinja2
 import pytest
+from ansible.plugins.filter import core, mathstuff
 
-from conftest import load_fixture
+from conftest import REPO, load_fixture
 
-from ansible_collections.gpulab.vllm.plugins.filter.status import cluster_status, first_failure, redact
+from ansible_collections.gpulab.vllm.plugins.filter.status import cluster_status, first_failure, redact, with_supervisors
 from ansible_collections.gpulab.vllm.plugins.module_utils._node import stop_reason
 
 EXPECT = {"ray_head_container": "gpulab-ray-head", "ray_worker_container": "gpulab-ray-worker",
@@ -127,3 +132,53 @@ def test_redact_hides_the_secrets_and_secret_settings_but_not_where_they_live():
     assert "LEAKED=<redacted ray_cluster_auth_token>" in out and "HF_TOKEN=<redacted>" in out
     # An empty secret (no hf_token) redacts nothing.
     assert redact("plain text", secrets) == "plain text"
+
+
+# --- each node's supervisor, with its fabric watch (tests/unit/fixtures/supervisor, recorded by molecule/reboot) -----
+
+def slurped(states: dict) -> dict:
+    """Each node's state.json as status.yml's slurp returns it."""
+    return {host: {"content": base64.b64encode(json.dumps(state).encode()).decode()} for host, state in states.items()}
+
+
+@pytest.mark.parametrize("name, change", [
+    ("fabric_mtu_changed", "enP2p1s0f1np1 MTU 1400 (deployed with 1500)"),
+    ("fabric_link_down", "enP2p1s0f1np1 link down (operstate down, no carrier)"),
+])
+def test_a_fabric_changed_under_the_deployment_is_named_first(name, change):
+    record = load_fixture("supervisor", name)
+    since = record["states"]["node2"]["fabric"]["since"]
+    named = "node2: its fabric changed under the deployment (since %s): %s" % (since, change)
+    # On a cluster that still answered (the moments before the supervisor stopped node2's part): not ok, degraded.
+    status = with_supervisors(judge("serving"), slurped(record["states"]))
+    assert (status["ok"], status["verdict"]) == (False, "degraded")
+    assert status["problems"][0] == named and status["summary"] == "degraded: " + named
+    assert status["supervisors"]["node2"]["fabric"]["changes"] == [change]
+    assert status["supervisors"]["node1"]["fabric"]["ok"] and status["supervisors"]["node1"]["collective"]["ok"]
+    # What the lab's status playbook wrote at that moment, the server down too: the change named first.
+    assert record["status"]["summary"].startswith("down: " + named + "; ")
+    assert not record["status"]["ok"]
+
+
+def test_supervisors_with_the_fabric_as_deployed_change_nothing_else():
+    record = load_fixture("supervisor", "fabric_mtu_changed")
+    states = {host: dict(state, fabric=dict(state["fabric"], ok=True, changes=[])) for host, state in record["states"].items()}
+    base = judge("serving")
+    status = with_supervisors(base, slurped(states))
+    assert {key: value for key, value in status.items() if key != "supervisors"} == base
+    assert sorted(status["supervisors"]) == ["node1", "node2"]
+    assert with_supervisors(base, {"node1": {"failed": True, "msg": "file not found"}})["supervisors"] == {}
+
+
+def test_the_table_shows_the_fabric_change_and_the_last_collective():
+    record = load_fixture("supervisor", "fabric_mtu_changed")
+    template = jinja2.Environment(loader=jinja2.FileSystemLoader(str(REPO / "playbooks")), trim_blocks=True)
+    for plugins in (core.FilterModule(), mathstuff.FilterModule()):  # the template's filters, as Ansible gives them
+        template.filters.update(plugins.filters())
+    lines = template.get_template("status_table.j2").render(gpulab_status=record["status"]).splitlines()
+    node2 = next(line for line in lines if line.startswith("Supervisor node2:"))
+    node1 = next(line for line in lines if line.startswith("Supervisor node1:"))
+    assert node2.endswith("; fabric CHANGED since %s: enP2p1s0f1np1 MTU 1400 (deployed with 1500)"
+                          % record["states"]["node2"]["fabric"]["since"])
+    assert "; fabric as deployed; last collective at " in node1
+    assert node1.endswith(": passed (%s)" % record["states"]["node1"]["collective"]["said"])
