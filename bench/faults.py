@@ -51,6 +51,8 @@ class Seeded:
     # A fault that arms itself while the deploy runs (a watcher thread), stopped after it.
     during: threading.Thread | None = None
     stop: threading.Event | None = None
+    # Seconds the seed waited, after the fault, for what the playbook reads: counted in the row's time.
+    waited_s: float = 0.0
 
 
 @dataclass
@@ -70,6 +72,8 @@ class Fault:
     # then the timed deploy starts from nothing running unless the fault lives in what runs.
     needs_serving: bool = False
     from_nothing: bool = True
+    # Settings of that deploy (the supervisors on, for a fault that only they see while the cluster serves).
+    serving_extra: dict = field(default_factory=dict)
     # What the row is allowed, as the issue sets it: 60 s, or the stall limit and its overhead.
     budget_s: float = 60.0
     # The deploy repairs this fault instead of failing: then the expectation is a line of the output, not an error.
@@ -205,6 +209,24 @@ def seed_memory_under_floor() -> Seeded:
                   hostvars={"node2": {"node_unified_memory": "true"}})
 
 
+def seed_fabric_link_down() -> Seeded:
+    """node2's fabric cable pulled under a cluster that serves with the supervisors on: nothing fails in a play, so
+    the diagnosis is status.yml's, from node2's supervisor's own read of its fabric. The seed waits (counted in the
+    row's time) until node2's supervisor has written the change: the status run right after the pull could read its
+    state a moment before its next look (every supervisor_interval, 5 s by default)."""
+    started = time.monotonic()
+    labctl("link", "node2", "down")
+    state = ROOT / "build" / "lab" / "node-data" / "node2" / "supervisor" / "state.json"
+    while time.monotonic() - started < 60:
+        try:
+            if not json.loads(state.read_text()).get("fabric", {"ok": True}).get("ok", True):
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.5)
+    return Seeded(undo=lambda: labctl("link", "node2", "up"), waited_s=round(time.monotonic() - started, 1))
+
+
 # --------------------------------------------------------------------------- the rows
 
 FAULTS = [
@@ -262,10 +284,19 @@ FAULTS = [
           budget_s=120.0,
           hand_not="by hand nothing watches a node's memory while the model loads: the kernel's OOM killer ends the "
                    "load, or a reboot does"),
+    # While it serves: the supervisors' watch, read by the status playbook.
+    Fault("fabric-link-down", "a fabric link down while the cluster serves", "serving",
+          [r"node2: its fabric changed under the deployment \(since [0-9T:Z-]+\): \S+ link down \(operstate down, no carrier\)"],
+          (), "tests/integration/test_serving_chain.py::test_the_supervisors_bring_the_cluster_back_without_a_play",
+          seed_fabric_link_down, needs_serving=True, from_nothing=False, serving_extra={"supervisor_enabled": True},
+          playbook="status.yml",
+          hand_not="by hand nothing watches the fabric while it serves: the engine hangs on a collective or dies "
+                   "with a Ray error that names no cable"),
 ]
 BY_KEY = {fault.key: fault for fault in FAULTS}
-# Where each stage sits: a fault named at a stage before "server" was named before any model load.
-STAGES = ["preflight", "image", "weights", "ray", "gate", "collective", "server"]
+# Where each stage sits: a fault named at a stage before "server" was named before any model load; "serving" is the
+# supervisors' watch over a cluster that serves.
+STAGES = ["preflight", "image", "weights", "ray", "gate", "collective", "server", "serving"]
 
 
 def error_lines(output: str) -> list[str]:

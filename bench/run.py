@@ -558,7 +558,7 @@ class Bench:
             runs, hands = [], []
             for run_index in range(self.args.runs):
                 if fault.needs_serving:
-                    warm = self.timed_deploy("deploy_qwen35.yml")
+                    warm = self.timed_deploy("deploy_qwen35.yml", fault.serving_extra or None)
                     if warm["rc"] != 0:
                         raise RuntimeError("the deploy before the fault %s failed; see %s.log" % (fault.key, LOGS / warm["label"]))
                 if fault.from_nothing:
@@ -577,7 +577,8 @@ class Bench:
                     seeded.undo()
                 output = (LOGS / (result["label"] + ".log")).read_text()
                 verdict = faults.judge(fault, output, containers)
-                runs.append({"label": result["label"], "rc": result["rc"], "seconds": result["wall_s"], **verdict})
+                runs.append({"label": result["label"], "rc": result["rc"], "seconds": round(result["wall_s"] + seeded.waited_s, 3),
+                             "waited_s": seeded.waited_s, **verdict})
                 log("fault %s: %.1fs named=%s past=%s: %s" % (
                     fault.key, result["wall_s"], verdict["named"], verdict["started_past_stage"], verdict["said"][:160]))
                 if not fault.hand_not:
