@@ -58,6 +58,8 @@ MEMBER_EVERY = 15
 # Seconds a stopped worker waits before it starts again when the head's GCS cannot be read: longer than Ray's health
 # checks take to declare its old node dead (about 15 s with Ray's defaults).
 OLD_NODE_GRACE = 30
+# Seconds a worker's Ray container is given to stop when the fabric changed under it.
+FABRIC_STOP_GRACE = 3
 
 
 # --- what a container's state says --------------------------------------------------------------------------------
@@ -704,13 +706,13 @@ class Supervisor(object):
             self.fabric_changed = changes
         return changes
 
-    def stand_down(self, name, changes, what):
+    def stand_down(self, name, changes, what, grace=None):
         """While the fabric differs from what the deploy proved, this node's part of the gang stays down: `name` is
         stopped if it runs (a server stopped rather than a collective hung on a broken link) and not started."""
         found = container_state(self.docker.inspect(name))
         if found is not None and found["running"]:
             self.record("stop", name, "the fabric changed under it: " + "; ".join(changes))
-            self.docker.stop(name, grace=self.config.get("stop_grace", 30))
+            self.docker.stop(name, grace=self.config.get("stop_grace", 30) if grace is None else grace)
         self.phase("waiting", "the fabric is not as deployed (%s); %s once it is" % ("; ".join(changes), what))
 
     def prove_collective(self, head_container):
@@ -835,7 +837,10 @@ class Supervisor(object):
         cfg = self.config
         name = cfg["ray_container"]
         if changes:
-            self.stand_down(name, changes, "its Ray starts again")
+            # A Ray worker keeps nothing worth a graceful stop, and in the lab its container outlived SIGTERM for the
+            # whole 30 s of stop_grace (then killed, exit 137): a long grace only delays the head's sight of the
+            # broken gang.
+            self.stand_down(name, changes, "its Ray starts again", grace=FABRIC_STOP_GRACE)
             return
         raw = self.docker.inspect(name)
         worker = container_state(raw)
