@@ -103,6 +103,22 @@ def seed_cable_down() -> Seeded:
     return Seeded(undo=lambda: labctl("link", "node2", "up"))
 
 
+def _fabric_mtu(node_name: str, mtu: int) -> None:
+    """The MTU of a node's fabric interface (the one holding its fabric address), set inside its namespace; the
+    bridge's side stays at 1500."""
+    lab = node(node_name)
+    in_node = ["nsenter", "--net=%s" % lab.netns, "--"]
+    found = subprocess.run(in_node + ["ip", "-o", "-4", "address", "show", "to", lab.fabric_ip + "/32"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    subprocess.run(in_node + ["ip", "link", "set", "dev", found[1], "mtu", str(mtu)], check=True, capture_output=True)
+
+
+def seed_mtu_mismatch() -> Seeded:
+    """node2's fabric interface at 9000 beside node1's 1500, as after a NIC reset on one node."""
+    _fabric_mtu("node2", 9000)
+    return Seeded(undo=lambda: _fabric_mtu("node2", 1500))
+
+
 def seed_ray_ports_dropped() -> Seeded:
     """Another tool's rule on node2 drops what the head sends to its raylet (Ray's node and object manager ports):
     node2's Ray container reaches the head's GCS, registers, and is then unreachable."""
@@ -237,6 +253,10 @@ FAULTS = [
     Fault("cable-down", "fabric cable down", "preflight",
           [r"node2: the fabric interface \S+ \(10\.220\.0\.12\) is down"], ALL,
           "tests/integration/test_bad_inputs.py::test_fabric_interface_down_fails_before_any_change", seed_cable_down),
+    Fault("mtu-mismatch", "fabric interfaces that differ in MTU", "preflight",
+          [r"the fabric interfaces differ in MTU \(node1 \S+ 1500, node2 \S+ 9000\)"], ALL,
+          "tests/integration/test_bad_inputs.py::test_fabric_interfaces_that_differ_in_mtu_fail_before_any_change",
+          seed_mtu_mismatch),
     Fault("worker-cannot-join", "a worker that reaches the head but cannot join Ray", "gate",
           [r"node2", r"10\.220\.0\.12|Ray ports", r"raylet|Ray ports"], SERVER,
           "tests/integration/test_faults.py::test_fault_is_named[worker-cannot-join]", seed_ray_ports_dropped),
