@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(args.docker_host[len("unix://"):])
     sock.sendall(("GET %s HTTP/1.0\r\nHost: docker\r\n\r\n" % path).encode())
-    started, reads, demux, raw, ended = time.monotonic(), [], _ray_join.Demux(bool(before["Config"].get("Tty"))), b"", False
+    started, reads, frames, raw, ended = time.monotonic(), [], _node.LogFrames(bool(before["Config"].get("Tty"))), b"", False
     while time.monotonic() - started < args.timeout:
         sock.settimeout(max(0.1, args.timeout - (time.monotonic() - started)))
         try:
@@ -68,9 +68,9 @@ def main(argv: list[str]) -> int:
         reads.append({"at_s": round(time.monotonic() - started, 3), "bytes": base64.b64encode(data).decode()})
         raw += data
         if b"\r\n\r\n" in raw:
-            demux = _ray_join.Demux(bool(before["Config"].get("Tty")))
-            demux.feed(raw.split(b"\r\n\r\n", 1)[1])
-            if _ray_join.STARTED in demux.text:
+            frames = _node.LogFrames(bool(before["Config"].get("Tty")))
+            frames.feed(raw.split(b"\r\n\r\n", 1)[1])
+            if _ray_join.STARTED in frames.text:
                 break
     sock.close()
     record = {"name": args.name, "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -202,18 +202,41 @@ def docker_containers(docker_host, label, names, timeout):
     return containers
 
 
+class LogFrames(object):
+    """A container's log as the Engine API sends it, put together as it arrives: for a container without a TTY,
+    frames of an 8-byte header (stream, 3 zero bytes, big-endian length) and the payload, stdout and stderr
+    interleaved in the order they were written, a frame possibly split across reads; a TTY container's raw text."""
+
+    def __init__(self, tty=False):
+        self.tty = tty
+        self.pending = b""
+        self.text = ""
+
+    def feed(self, data):
+        """Add what arrived; returns the text it completed."""
+        if self.tty:
+            out = data.decode("utf-8", "replace")
+        else:
+            self.pending += data
+            chunks = []
+            while len(self.pending) >= 8:
+                size = int.from_bytes(self.pending[4:8], "big")
+                if len(self.pending) < 8 + size:
+                    break
+                chunks.append(self.pending[8:8 + size])
+                self.pending = self.pending[8 + size:]
+            out = b"".join(chunks).decode("utf-8", "replace")
+        self.text += out
+        return out
+
+
 def split_log_stream(raw):
-    """The text of a container's log as the Engine API sends it for a container without a TTY: frames of
-    an 8-byte header (stream, 3 zero bytes, big-endian length) and the payload, stdout and stderr
-    interleaved in the order they were written. Raw text (a TTY container) is returned as it is."""
-    if len(raw) < 8 or raw[0] not in (0, 1, 2) or raw[1:4] != b"\x00\x00\x00":
-        return raw.decode("utf-8", "replace")
-    chunks, offset = [], 0
-    while offset + 8 <= len(raw):
-        size = int.from_bytes(raw[offset + 4:offset + 8], "big")
-        chunks.append(raw[offset + 8:offset + 8 + size])
-        offset += 8 + size
-    return b"".join(chunks).decode("utf-8", "replace")
+    """The text of a whole log as the Engine API sends it (LogFrames); raw text that does not start with a frame
+    header (a TTY container) is returned as it is."""
+    framed = len(raw) >= 8 and raw[0] in (0, 1, 2) and raw[1:4] == b"\x00\x00\x00"
+    frames = LogFrames(tty=not framed)
+    frames.feed(raw)
+    return frames.text
 
 
 def docker_logs(docker_host, name, tail, timeout):

@@ -5,8 +5,7 @@
 
 Private to gpulab.vllm. The log comes from the Docker Engine API (GET /containers/NAME/logs?follow=1), which streams
 what the container writes from its last start until it stops: the stream ending is the container stopping, seen at
-once. For a container without a TTY the stream is framed (an 8-byte header per write: the stream, three zero bytes
-and the payload's length), and a frame may arrive split across reads: ``Demux`` puts it back together.
+once; the node read's LogFrames puts its frames back together as they arrive.
 """
 
 from __future__ import annotations
@@ -34,33 +33,6 @@ def since_of(started_at):
         sign = 1 if zone[0] == "+" else -1
         seconds -= sign * (int(zone[1:3]) * 3600 + int(zone[4:6]) * 60)
     return "%d.%s" % (seconds, (found.group(2) or "0")[:9].ljust(9, "0"))
-
-
-class Demux(object):
-    """The text of a followed log, from the bytes as they arrive: framed (a container without a TTY) or raw."""
-
-    def __init__(self, tty=False):
-        self.tty = tty
-        self.pending = b""
-        self.text = ""
-
-    def feed(self, data):
-        """Add what arrived; returns the text it completed."""
-        if self.tty:
-            out = data.decode("utf-8", "replace")
-            self.text += out
-            return out
-        self.pending += data
-        chunks = []
-        while len(self.pending) >= 8:
-            size = int.from_bytes(self.pending[4:8], "big")
-            if len(self.pending) < 8 + size:
-                break
-            chunks.append(self.pending[8:8 + size])
-            self.pending = self.pending[8 + size:]
-        out = b"".join(chunks).decode("utf-8", "replace")
-        self.text += out
-        return out
 
 
 def join_problem(joined, state, log_text, cause, where):

@@ -87,7 +87,7 @@ cause:
 
 import socket
 import time
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -106,29 +106,25 @@ class Follower(object):
     a buffer between two looks."""
 
     def __init__(self, docker_host, name, since, tty):
-        self.demux = _ray_join.Demux(tty)
+        self.frames = _node.LogFrames(tty)
         self.ended = False
         self.head = b""
         self.body = False
+        self.name = name
         path = "/containers/%s/logs?follow=1&stdout=1&stderr=1%s" % (quote(name, safe=""), "&since=" + since if since else "")
+        # The node read's connection to the daemon, its socket used as it is.
+        conn = _node._connection(docker_host, 30)
         try:
-            if docker_host.startswith("unix://"):
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.settimeout(30)
-                self.sock.connect(docker_host[len("unix://"):])
-            elif docker_host.startswith("tcp://"):
-                where = urlsplit(docker_host)
-                self.sock = socket.create_connection((where.hostname, where.port or 2375), 30)
-            else:
-                raise _node.DockerError("docker_host must start with unix:// or tcp://, not %r" % docker_host)
+            conn.connect()
+            self.sock = conn.sock
             self.sock.sendall(("GET %s HTTP/1.0\r\nHost: docker\r\n\r\n" % path).encode())
         except OSError as exc:
+            conn.close()
             raise _node.DockerError("following the log of %s: %s" % (name, exc or exc.__class__.__name__))
-        self.name = name
 
     def _take(self, data):
         if self.body:
-            self.demux.feed(data)
+            self.frames.feed(data)
             return
         self.head += data
         if b"\r\n\r\n" not in self.head:
@@ -138,12 +134,12 @@ class Follower(object):
         if status.split(" ")[1:2] != ["200"]:
             raise _node.DockerError("following the log of %s answered %s" % (self.name, status))
         self.body = True
-        self.demux.feed(rest)
+        self.frames.feed(rest)
 
     def probe(self, remaining):
         """Read for up to SLICE seconds (less near the deadline); the text so far and whether the stream ended."""
         deadline = time.monotonic() + min(SLICE, remaining or SLICE)
-        while not self.ended and _ray_join.STARTED not in self.demux.text:
+        while not self.ended and _ray_join.STARTED not in self.frames.text:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -158,7 +154,7 @@ class Follower(object):
                 self._take(data)
             else:
                 self.ended = True
-        return {"text": self.demux.text, "ended": self.ended}
+        return {"text": self.frames.text, "ended": self.ended}
 
     def close(self):
         self.sock.close()

@@ -144,11 +144,11 @@ def test_a_worker_that_says_nothing_more_is_named_with_its_ray_ports_at_the_time
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 4096])
 def test_the_framed_log_is_the_same_text_however_it_is_split(name, size):
     raw = body(load_fixture("join", name))
-    demux = _ray_join.Demux()
+    frames = _node.LogFrames()
     for offset in range(0, len(raw), size):
-        demux.feed(raw[offset:offset + size])
-    assert demux.text == _node.split_log_stream(raw)
-    assert demux.pending == b""
+        frames.feed(raw[offset:offset + size])
+    assert frames.text == _node.split_log_stream(raw)
+    assert frames.pending == b""
 
 
 @pytest.mark.parametrize("started_at, since", [
